@@ -1,0 +1,56 @@
+//! Generates, compiles, checks and embeds the CUDA kernels of the mixing
+//! stack (src/codegen/pipeline.rs). Environment:
+//!   MIXSTACK_CUDA_ROOT  a CUDA 13.0 root (default: .toolchain/nvidia/cu13)
+//!   MIXSTACK_ONLY       comma-separated name filters, for quick dev builds
+//!   MIXSTACK_BLESS=1    write the snapshot generated-tests/ from this build
+
+// The generator is library code too (tests, `mixstack report`); the build
+// script uses part of it.
+#[allow(dead_code)]
+#[path = "src/kinds.rs"]
+mod kinds;
+#[allow(dead_code)]
+#[path = "src/codegen/mod.rs"]
+mod codegen;
+
+use std::path::PathBuf;
+
+fn main() {
+    let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    for p in ["specs", "templates", "src/codegen", "src/kinds.rs", "generated-tests", ".toolchain/nvidia/cu13/bin"] {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    for v in ["MIXSTACK_CUDA_ROOT", "MIXSTACK_ONLY", "MIXSTACK_BLESS", "MIXSTACK_CACHE_DIR"] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+    // target/<profile>/build/<pkg>/out -> target/mixstack-kernel-cache, shared by profiles.
+    let cache_dir = std::env::var_os("MIXSTACK_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| out_dir.ancestors().nth(4).unwrap_or(&out_dir).join("mixstack-kernel-cache"));
+    let opts = codegen::pipeline::Options {
+        crate_dir,
+        out_dir,
+        cache_dir,
+        only: std::env::var("MIXSTACK_ONLY").ok().filter(|s| !s.is_empty()),
+        bless: std::env::var("MIXSTACK_BLESS").map(|v| v == "1").unwrap_or(false),
+    };
+    match codegen::pipeline::run(&opts) {
+        Ok(outcome) => {
+            for line in &outcome.log {
+                build_print::info!("{line}");
+            }
+            let accepted = outcome.manifest.instances.iter().filter(|i| i.accepted).count();
+            build_print::info!(
+                "mixstack: {} instances ({} accepted) from {}",
+                outcome.manifest.instances.len(),
+                accepted,
+                outcome.source
+            );
+        }
+        Err(e) => {
+            build_print::error!("mixstack kernel generation failed: {e}");
+            std::process::exit(1);
+        }
+    }
+}

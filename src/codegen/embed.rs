@@ -1,0 +1,191 @@
+//! Stage 6: what the runtime sees: the Rust kernel table (kernel_table.rs,
+//! included by src/runtime/table.rs) and the JSON build manifest.
+
+use super::check::Resources;
+use super::expand::{Instance, Pruned};
+use crate::kinds::{Dtype, Geometry, Stage, Variant};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+/// An instance after compile and check.
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub instance: Instance,
+    pub resources: Resources,
+    pub accepted: bool,
+    /// Chosen by dispatch for its (stage, dtype, cf) key.
+    pub is_default: bool,
+    pub ptx: Option<PathBuf>,
+    pub cubin: Option<PathBuf>,
+}
+
+/// One row of the manifest (`mixstack report --json` prints these).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ManifestInstance {
+    pub name: String,
+    pub stage: Stage,
+    pub variant: Variant,
+    pub dtype: Dtype,
+    pub cf: u32,
+    /// lmax is a runtime argument of every kernel, not an axis: always null.
+    pub lmax: Option<u32>,
+    pub block_m: Option<u32>,
+    pub bn: Option<u32>,
+    pub block_k: Option<u32>,
+    pub tm: Option<u32>,
+    pub tn: Option<u32>,
+    pub rows: Option<u32>,
+    pub threads: u32,
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub stack_bytes: u32,
+    pub smem_static: u32,
+    pub smem_fixed: u32,
+    pub smem_per_lg: u32,
+    pub accepted: bool,
+    pub is_default: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DispatchRow {
+    pub stage: Stage,
+    pub dtype: Dtype,
+    pub cf: u32,
+    pub instance: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PrunedRow {
+    pub name: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub arch: String,
+    pub lmax: (u32, u32),
+    pub fingerprint: String,
+    pub instances: Vec<ManifestInstance>,
+    pub dispatch: Vec<DispatchRow>,
+    pub pruned: Vec<PrunedRow>,
+}
+
+pub fn manifest_instance(b: &Built) -> ManifestInstance {
+    let i = &b.instance;
+    let (mut block_m, mut bn, mut block_k, mut tm, mut tn, mut rows) = (None, None, None, None, None, None);
+    match i.geometry {
+        Geometry::Gemm { block_m: m, bn: n, block_k: k, tm: a, tn: c } => {
+            (block_m, bn, block_k, tm, tn) = (Some(m), Some(n), Some(k), Some(a), Some(c));
+        }
+        Geometry::Rows { rows: r, .. } => rows = Some(r),
+    }
+    let r = &b.resources;
+    ManifestInstance {
+        name: i.name.clone(),
+        stage: i.stage,
+        variant: i.variant,
+        dtype: i.dtype,
+        cf: i.cf,
+        lmax: None,
+        block_m,
+        bn,
+        block_k,
+        tm,
+        tn,
+        rows,
+        threads: i.threads(),
+        registers: r.registers,
+        spill_stores: r.spill_stores,
+        spill_loads: r.spill_loads,
+        stack_bytes: r.stack_bytes,
+        smem_static: r.smem_static,
+        smem_fixed: i.layout.fixed,
+        smem_per_lg: i.layout.per_lg,
+        accepted: b.accepted,
+        is_default: b.is_default,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no accepted instance serves {stage} {dtype} Cf {cf}: every candidate spilled or was pruned ({candidates}); add a smaller tile to specs/tiles.yaml")]
+pub struct NoInstance {
+    pub stage: Stage,
+    pub dtype: Dtype,
+    pub cf: u32,
+    pub candidates: String,
+}
+
+/// Mark, per (stage, dtype, cf) key, the instance dispatch uses: the spec's
+/// default if accepted, else the first accepted in spec order.
+pub fn resolve_dispatch(built: &mut [Built]) -> Result<Vec<DispatchRow>, NoInstance> {
+    let mut keys: BTreeMap<(Stage, Dtype, u32), Vec<usize>> = BTreeMap::new();
+    for (i, b) in built.iter().enumerate() {
+        keys.entry((b.instance.stage, b.instance.dtype, b.instance.cf)).or_default().push(i);
+    }
+    let mut rows = Vec::new();
+    for ((stage, dtype, cf), idx) in keys {
+        let pick = idx
+            .iter()
+            .copied()
+            .find(|&i| built[i].accepted && built[i].instance.is_default)
+            .or_else(|| idx.iter().copied().find(|&i| built[i].accepted));
+        let Some(p) = pick else {
+            let candidates = idx.iter().map(|&i| built[i].instance.name.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(NoInstance { stage, dtype, cf, candidates });
+        };
+        for &i in &idx {
+            built[i].is_default = i == p;
+        }
+        rows.push(DispatchRow { stage, dtype, cf, instance: built[p].instance.name.clone() });
+    }
+    Ok(rows)
+}
+
+pub fn manifest(arch: &str, lmax: (u32, u32), fingerprint: &str, built: &[Built], dispatch: Vec<DispatchRow>, pruned: &[Pruned]) -> Manifest {
+    Manifest {
+        arch: arch.to_string(),
+        lmax,
+        fingerprint: fingerprint.to_string(),
+        instances: built.iter().map(manifest_instance).collect(),
+        dispatch,
+        pruned: pruned.iter().map(|p| PrunedRow { name: p.name.clone(), reason: p.reason.clone() }).collect(),
+    }
+}
+
+/// kernel_table.rs: one `KernelEntry` per instance; PTX and cubin embedded
+/// for accepted instances only.
+pub fn kernel_table(built: &[Built], lmax: (u32, u32), source: &str, manifest_path: &std::path::Path) -> String {
+    let mut s = String::from("// Generated by build.rs -- do not edit.\npub static KERNELS: &[KernelEntry] = &[\n");
+    for b in built {
+        let i = &b.instance;
+        let r = &b.resources;
+        let geometry = match i.geometry {
+            Geometry::Gemm { block_m, bn, block_k, tm, tn } => {
+                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn} }}")
+            }
+            Geometry::Rows { rows, threads } => format!("Geometry::Rows {{ rows: {rows}, threads: {threads} }}"),
+        };
+        let ptx = match (&b.ptx, b.accepted) {
+            (Some(p), true) => format!("include_str!({:?})", p.display().to_string()),
+            _ => "\"\"".to_string(),
+        };
+        let cubin = match (&b.cubin, b.accepted) {
+            (Some(p), true) => format!("Some(include_bytes!({:?}))", p.display().to_string()),
+            _ => "None".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "    KernelEntry {{ name: {:?}, stage: Stage::{:?}, variant: Variant::{:?}, dtype: Dtype::{:?}, cf: {}, geometry: {geometry}, threads: {}, smem_fixed: {}, smem_per_lg: {}, registers: {}, spill_stores: {}, spill_loads: {}, stack_bytes: {}, smem_static: {}, accepted: {}, is_default: {}, ptx: {ptx}, cubin: {cubin} }},",
+            i.name, i.stage, i.variant, i.dtype, i.cf, i.threads(), i.layout.fixed, i.layout.per_lg,
+            r.registers, r.spill_stores, r.spill_loads, r.stack_bytes, r.smem_static, b.accepted, b.is_default
+        );
+    }
+    s.push_str("];\n");
+    let _ = writeln!(s, "pub const LMAX_RANGE: (u32, u32) = ({}, {});", lmax.0, lmax.1);
+    let _ = writeln!(s, "pub const BUILD_SOURCE: &str = {source:?};");
+    let _ = writeln!(s, "pub const BUILD_MANIFEST_JSON: &str = include_str!({:?});", manifest_path.display().to_string());
+    s
+}

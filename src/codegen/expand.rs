@@ -1,0 +1,131 @@
+//! Stage 2: the cross product of stages x dtypes x Cf x tiles, pruned by cheap
+//! static checks (logged with the reason), each instance with its canonical
+//! name (crate::kinds::canonical_name).
+
+use super::layout::{layout, Layout, SM90_MAX_SMEM};
+use super::spec::{BlockK, Kind, Specs};
+use crate::kinds::{canonical_name, Dtype, Geometry, Stage, Variant};
+
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub name: String,
+    pub stage: Stage,
+    pub variant: Variant,
+    pub kind: Kind,
+    pub dtype: Dtype,
+    pub cf: u32,
+    pub geometry: Geometry,
+    pub layout: Layout,
+    /// Device function in templates/stages.cuh and its extra template argument.
+    pub body: String,
+    pub seg: Option<u32>,
+    pub params: Vec<String>,
+    pub doc: String,
+    pub is_default: bool,
+}
+
+impl Instance {
+    pub fn threads(&self) -> u32 {
+        self.geometry.threads()
+    }
+}
+
+/// An instance dropped before compiling, and why.
+#[derive(Debug, Clone)]
+pub struct Pruned {
+    pub name: String,
+    pub reason: String,
+}
+
+pub struct Expansion {
+    pub instances: Vec<Instance>,
+    pub pruned: Vec<Pruned>,
+}
+
+/// `only`: comma-separated substrings; an instance is kept if its name
+/// contains all of them (MIXSTACK_ONLY, for quick development builds).
+pub fn expand(specs: &Specs, only: Option<&str>) -> Expansion {
+    let filters: Vec<&str> = only
+        .map(|s| s.split(',').map(str::trim).filter(|f| !f.is_empty()).collect())
+        .unwrap_or_default();
+    let lmax_max = specs.stages.lmax.max;
+    let mut out = Expansion { instances: Vec::new(), pruned: Vec::new() };
+    for st in &specs.stages.stages {
+        for &dtype in &st.dtypes {
+            for &cf in &st.cf {
+                for geometry in geometries(specs, st.kind, &st.tiles, dtype, cf) {
+                    let name = canonical_name(st.name, dtype, cf, &geometry);
+                    if !filters.iter().all(|f| name.contains(f)) {
+                        continue;
+                    }
+                    let lay = layout(&st.smem, dtype, cf, &geometry);
+                    if let Some(reason) = prune_reason(st.variant, cf, &geometry, &lay, lmax_max) {
+                        out.pruned.push(Pruned { name, reason });
+                        continue;
+                    }
+                    let is_default = specs.tiles.defaults.iter().any(|d| {
+                        d.stage == st.name && d.dtype == dtype && d.cf == cf && d.tile == geometry.tag()
+                    });
+                    out.instances.push(Instance {
+                        name,
+                        stage: st.name,
+                        variant: st.variant,
+                        kind: st.kind,
+                        dtype,
+                        cf,
+                        geometry,
+                        layout: lay,
+                        body: st.body.clone(),
+                        seg: st.seg,
+                        params: st.params.clone(),
+                        doc: st.doc.clone(),
+                        is_default,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Vec<Geometry> {
+    let mut v = Vec::new();
+    match kind {
+        Kind::Gemm => {
+            for t in specs.tiles.gemm.get(set).into_iter().flatten() {
+                if t.dtypes.contains(&dtype) && t.cf.contains(&cf) {
+                    let block_k = match t.block_k {
+                        BlockK::Fixed(k) => k,
+                        BlockK::Named(_) => cf,
+                    };
+                    v.push(Geometry::Gemm { block_m: t.block_m, bn: t.bn, block_k, tm: t.tm, tn: t.tn });
+                }
+            }
+        }
+        Kind::Rows => {
+            for t in specs.tiles.rows.get(set).into_iter().flatten() {
+                if t.dtypes.contains(&dtype) && t.cf.contains(&cf) {
+                    v.push(Geometry::Rows { rows: t.rows, threads: t.threads });
+                }
+            }
+        }
+    }
+    v
+}
+
+fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_max: u32) -> Option<String> {
+    if let Geometry::Gemm { block_k, .. } = *g {
+        if variant == Variant::Fused && block_k != cf {
+            return Some(format!("fused needs BLOCK_K == Cf, got BLOCK_K {block_k}, Cf {cf}"));
+        }
+        // K (M0 or M1) is a multiple of Cf; a K chunk must not straddle it.
+        if block_k == 0 || cf % block_k != 0 {
+            return Some(format!("BLOCK_K {block_k} does not divide Cf {cf}"));
+        }
+    }
+    let smem = lay.bytes(cf, lmax_max);
+    if smem > SM90_MAX_SMEM {
+        return Some(format!("{smem} bytes of shared memory at lmax {lmax_max} > {SM90_MAX_SMEM}"));
+    }
+    None
+}

@@ -1,0 +1,89 @@
+//! Shared-memory layout of an instance, computed once here and rendered into
+//! the instance file as constants; the runtime launches with the same numbers
+//! from the generated table. Nothing re-derives it in a template or kernel.
+
+use super::spec::SmemBuf;
+use crate::kinds::{Dtype, Geometry};
+use serde::Serialize;
+
+/// The largest dynamic shared memory an sm_90 block may opt into.
+pub const SM90_MAX_SMEM: u32 = 227 * 1024;
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Layout {
+    /// Padding of the k-major A tile rows (keeps 16-byte alignment).
+    pub apad: u32,
+    /// Byte offsets of the fixed buffers (absent ones: None).
+    pub a_tile: Option<u32>,
+    pub b_tile: Option<u32>,
+    pub s_rows: Option<u32>,
+    /// Bytes of the fixed part.
+    pub fixed: u32,
+    /// Per-LG buffers follow `fixed`, slot i at `fixed + i * rows*LG*size`.
+    pub sig_slot: Option<u32>,
+    pub glog_slot: Option<u32>,
+    /// Bytes per gate column: launch with `fixed + per_lg * L*Cf`.
+    pub per_lg: u32,
+}
+
+fn align16(x: u32) -> u32 {
+    x.div_ceil(16) * 16
+}
+
+pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
+    let sz = dtype.size() as u32;
+    let apad = 16 / sz;
+    let rows = g.rows();
+    let (bm, bn, bk) = match *g {
+        Geometry::Gemm { block_m, bn, block_k, .. } => (block_m, bn, block_k),
+        Geometry::Rows { rows, .. } => (rows, 0, 0),
+    };
+    let mut at = 0u32;
+    let mut place = |bytes: u32| {
+        let off = at;
+        at = align16(at + bytes);
+        Some(off)
+    };
+    let mut l = Layout {
+        apad,
+        a_tile: None,
+        b_tile: None,
+        s_rows: None,
+        fixed: 0,
+        sig_slot: None,
+        glog_slot: None,
+        per_lg: 0,
+    };
+    for b in bufs {
+        match b {
+            SmemBuf::ATile => l.a_tile = place(bk * (bm + apad) * sz),
+            SmemBuf::BTile => l.b_tile = place(bk * bn * sz),
+            SmemBuf::SRows => l.s_rows = place(rows * cf * sz),
+            _ => {}
+        }
+    }
+    l.fixed = at;
+    let mut slots = 0u32;
+    for b in bufs {
+        match b {
+            SmemBuf::SigRows => {
+                l.sig_slot = Some(slots);
+                slots += 1;
+            }
+            SmemBuf::GlogitRows => {
+                l.glog_slot = Some(slots);
+                slots += 1;
+            }
+            _ => {}
+        }
+    }
+    l.per_lg = slots * rows * sz;
+    l
+}
+
+impl Layout {
+    /// Dynamic shared bytes at launch for a given lmax.
+    pub fn bytes(&self, cf: u32, lmax: u32) -> u32 {
+        self.fixed + self.per_lg * cf * lmax
+    }
+}

@@ -1,0 +1,167 @@
+//! The vocabulary shared by the generator (build.rs) and the runtime:
+//! stages, variants, dtypes. One spelling each, used in specs, canonical
+//! names, reports and the generated table.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One pipeline stage of the stack (see docs/KERNELS.md for each contract).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    FwdM0,
+    FwdGate,
+    FwdM1,
+    FwdFinal,
+    BwdGradAlpha,
+    BwdFinal,
+    BwdRecompute,
+    BwdPointwise,
+    BwdGemm,
+    BwdFusedM0,
+    BwdFusedM1,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 11] = [
+        Stage::FwdM0,
+        Stage::FwdGate,
+        Stage::FwdM1,
+        Stage::FwdFinal,
+        Stage::BwdGradAlpha,
+        Stage::BwdFinal,
+        Stage::BwdRecompute,
+        Stage::BwdPointwise,
+        Stage::BwdGemm,
+        Stage::BwdFusedM0,
+        Stage::BwdFusedM1,
+    ];
+    /// The spelling used in specs, canonical names and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::FwdM0 => "fwd_m0",
+            Stage::FwdGate => "fwd_gate",
+            Stage::FwdM1 => "fwd_m1",
+            Stage::FwdFinal => "fwd_final",
+            Stage::BwdGradAlpha => "bwd_grad_alpha",
+            Stage::BwdFinal => "bwd_final",
+            Stage::BwdRecompute => "bwd_recompute",
+            Stage::BwdPointwise => "bwd_pointwise",
+            Stage::BwdGemm => "bwd_gemm",
+            Stage::BwdFusedM0 => "bwd_fused_m0",
+            Stage::BwdFusedM1 => "bwd_fused_m1",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    Relay,
+    Fused,
+}
+
+impl Variant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Relay => "relay",
+            Variant::Fused => "fused",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Variant> {
+        [Variant::Relay, Variant::Fused].into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    F64,
+}
+
+impl Dtype {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Dtype> {
+        [Dtype::F32, Dtype::F64].into_iter().find(|d| d.as_str() == s)
+    }
+    /// The CUDA C type of this dtype.
+    pub fn c_type(self) -> &'static str {
+        match self {
+            Dtype::F32 => "float",
+            Dtype::F64 => "double",
+        }
+    }
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F64 => 8,
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a stage is launched (docs/KERNELS.md "Launch geometry").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Geometry {
+    /// A BLOCK_M x BN output tile per block, (BLOCK_M/TM)*(BN/TN) threads.
+    Gemm { block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32 },
+    /// ROWS edges per block, THREADS threads.
+    Rows { rows: u32, threads: u32 },
+}
+
+impl Geometry {
+    pub fn threads(&self) -> u32 {
+        match *self {
+            Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
+            Geometry::Rows { threads, .. } => threads,
+        }
+    }
+    /// Edges per block.
+    pub fn rows(&self) -> u32 {
+        match *self {
+            Geometry::Gemm { block_m, .. } => block_m,
+            Geometry::Rows { rows, .. } => rows,
+        }
+    }
+    /// The tile part of the canonical name.
+    pub fn tag(&self) -> String {
+        match *self {
+            Geometry::Gemm { block_m, bn, block_k, tm, tn } => {
+                format!("m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}")
+            }
+            Geometry::Rows { rows, threads } => format!("r{rows}_t{threads}"),
+        }
+    }
+}
+
+/// One canonical name per kernel instance, every axis in a fixed order:
+/// it is the file name, the `extern "C"` entry, the table key and log key.
+pub fn canonical_name(stage: Stage, dtype: Dtype, cf: u32, geometry: &Geometry) -> String {
+    format!("ms_{}_{}_cf{}_{}", stage.as_str(), dtype.as_str(), cf, geometry.tag())
+}

@@ -1,0 +1,120 @@
+//! The runtime's one error type. Every request the runtime cannot serve is a
+//! typed value here; nothing in the runtime panics on bad input.
+
+use std::fmt;
+
+use cudarc::driver::DriverError;
+
+use super::table::{Dtype, Stage};
+
+/// Which shape parameter a [`MixError::UnsupportedShape`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShapeParam {
+    /// F, the number of focus streams.
+    F,
+    /// Cf, channels per focus.
+    Cf,
+    /// lmax, the highest degree L.
+    Lmax,
+    /// n_layers, the number of SO(2) layers.
+    NLayers,
+}
+
+impl ShapeParam {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShapeParam::F => "F",
+            ShapeParam::Cf => "Cf",
+            ShapeParam::Lmax => "lmax",
+            ShapeParam::NLayers => "n_layers",
+        }
+    }
+}
+
+impl fmt::Display for ShapeParam {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything that can go wrong in the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum MixError {
+    /// A shape parameter outside what the kernel table (or the launch grid) supports.
+    #[error("unsupported {param} = {value}: supported {supported}")]
+    UnsupportedShape { param: ShapeParam, value: u64, supported: String },
+
+    /// A host or device buffer has the wrong number of elements.
+    #[error("tensor `{tensor}`: {got} elements, expected {expected}")]
+    BufferLength { tensor: &'static str, expected: usize, got: usize },
+
+    /// A buffer whose length must be a whole number of rows is not.
+    #[error("tensor `{tensor}`: {got} elements is not a multiple of {unit} ({what})")]
+    BufferNotMultiple { tensor: &'static str, got: usize, unit: usize, what: &'static str },
+
+    /// A raw (pointer) call was given a null pointer for a tensor it needs.
+    #[error("tensor `{tensor}`: null device pointer")]
+    NullPointer { tensor: &'static str },
+
+    /// The element type is not supported on this path.
+    #[error("dtype {dtype} is not supported by the {path} path")]
+    UnsupportedDtype { dtype: Dtype, path: &'static str },
+
+    /// The table has no accepted kernel for this (stage, dtype, cf).
+    #[error("no accepted kernel for stage {stage}, dtype {dtype}, Cf {cf}")]
+    NoKernel { stage: Stage, dtype: Dtype, cf: u32 },
+
+    /// A tile override names something that is not an accepted entry of its key.
+    #[error("tile override for stage {stage} (dtype {dtype}, Cf {cf}): `{name}` {why}")]
+    BadOverride { stage: Stage, dtype: Dtype, cf: u32, name: String, why: String },
+
+    /// A switch (environment variable) holds an unrecognised value.
+    #[error("{variable} = {value:?} is not a valid switch value; allowed: {allowed}")]
+    InvalidSwitch { variable: &'static str, value: String, allowed: &'static str },
+
+    /// A stream or buffer belongs to another CUDA context than the stack.
+    #[error("{what} belongs to a different CUDA context than the stack")]
+    ContextMismatch { what: &'static str },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error while {during}: {source}")]
+    Driver {
+        during: String,
+        #[source]
+        source: DriverError,
+    },
+
+    /// The edge count needs a launch grid beyond the device's limits.
+    #[error("E = {e} is too large for the grid of kernel `{kernel}`: grid {grid:?} exceeds the limits {limit:?}")]
+    GridTooLarge { kernel: &'static str, e: u64, grid: (u64, u64, u64), limit: (u64, u64, u64) },
+
+    /// A size or offset derived from E does not fit 64-bit arithmetic.
+    #[error("E = {e} is too large: {what} overflows 64-bit sizes")]
+    SizeOverflow { e: u64, what: &'static str },
+
+    /// A kernel needs more dynamic shared memory than the device grants.
+    #[error("kernel `{kernel}` needs {bytes} bytes of shared memory; the device allows {limit}")]
+    SharedMemory { kernel: &'static str, bytes: u64, limit: u64 },
+
+    /// A table entry contradicts itself (a build problem, reported, not assumed).
+    #[error("kernel table entry `{kernel}` is inconsistent: {why}")]
+    TableInconsistent { kernel: &'static str, why: String },
+}
+
+impl MixError {
+    /// Wrap a driver error with what was being done.
+    pub fn driver(during: impl Into<String>, source: DriverError) -> Self {
+        MixError::Driver { during: during.into(), source }
+    }
+}
+
+/// `result.map_err(|e| MixError::driver(..))` in one call.
+pub(crate) trait DriverContext<T> {
+    fn during(self, what: impl FnOnce() -> String) -> Result<T, MixError>;
+}
+
+impl<T> DriverContext<T> for Result<T, DriverError> {
+    fn during(self, what: impl FnOnce() -> String) -> Result<T, MixError> {
+        self.map_err(|source| MixError::Driver { during: what(), source })
+    }
+}

@@ -1,0 +1,720 @@
+//! [`Stack`]: the mixing stack on one CUDA context — weights uploaded once,
+//! forward and backward launched on the caller's stream.
+//!
+//! Launch sequences are those of docs/KERNELS.md; see [`Stack::forward_raw`]
+//! and [`Stack::backward_raw`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::dispatch::{is_gated_stage, Dispatch, Path, PathDecision, TileOverride, FORWARD_STAGES, RELAY_STAGES};
+use super::element::Element;
+use super::error::{DriverContext, MixError, ShapeParam};
+use super::launch::{Arg, KernelTiming, Kernels};
+use super::memory::{raw_ptr, CallMemory, Tracker};
+use super::shape::{StackShape, MAX_F};
+use super::switch::FusedMode;
+use super::table::{KernelEntry, Stage};
+
+/// Options of one backward call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BackwardOptions {
+    /// Whether the fused path is requested (default: read the environment).
+    pub fused: FusedMode,
+    /// Per-stage kernel overrides (default: none).
+    pub tiles: TileOverride,
+}
+
+impl BackwardOptions {
+    /// Relay, whatever the environment says.
+    pub fn relay() -> Self {
+        BackwardOptions { fused: FusedMode::Off, tiles: TileOverride::new() }
+    }
+    /// Fused requested, whatever the environment says (falls back to the
+    /// relay outside the fused regime).
+    pub fn fused() -> Self {
+        BackwardOptions { fused: FusedMode::On, tiles: TileOverride::new() }
+    }
+    pub fn with_tiles(mut self, tiles: TileOverride) -> Self {
+        self.tiles = tiles;
+        self
+    }
+}
+
+/// Caller-owned device buffers of a forward call (raw addresses).
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardPtrs {
+    /// in: (F, E, ROW)
+    pub u0: CUdeviceptr,
+    /// in: (E, F)
+    pub alpha: CUdeviceptr,
+    /// out: (E, F, ROW)
+    pub out: CUdeviceptr,
+    /// out: (n_layers-1, F, E, ROW); may be 0 when n_layers == 1
+    pub z_all: CUdeviceptr,
+}
+
+/// Caller-owned device buffers of a backward call (raw addresses).
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardPtrs {
+    /// in: (E, F, ROW)
+    pub grad_out: CUdeviceptr,
+    /// in: (E, F, ROW), the forward's output
+    pub out: CUdeviceptr,
+    /// in: (n_layers-1, F, E, ROW); may be 0 when n_layers == 1
+    pub z_all: CUdeviceptr,
+    /// in: (E, F)
+    pub alpha: CUdeviceptr,
+    /// out: (F, E, ROW)
+    pub grad_u0: CUdeviceptr,
+    /// out: (E, F)
+    pub grad_alpha: CUdeviceptr,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn nonnull(p: CUdeviceptr, tensor: &'static str) -> Result<(), MixError> {
+    if p == 0 {
+        Err(MixError::NullPointer { tensor })
+    } else {
+        Ok(())
+    }
+}
+
+fn check_len(tensor: &'static str, expected: usize, got: usize) -> Result<(), MixError> {
+    if expected != got {
+        Err(MixError::BufferLength { tensor, expected, got })
+    } else {
+        Ok(())
+    }
+}
+
+/// The SO(2) mixing stack for element type `T` (f32 or f64) on one context.
+pub struct Stack<T: Element> {
+    ctx: Arc<CudaContext>,
+    shape: StackShape,
+    dispatch: Dispatch<'static>,
+    w0: CudaSlice<T>,
+    w1: CudaSlice<T>,
+    wt0: CudaSlice<T>,
+    wt1: CudaSlice<T>,
+    /// `None` when n_layers == 1 (no gated layer).
+    gw: Option<CudaSlice<T>>,
+    kernels: Kernels,
+    last_path: Mutex<Option<PathDecision>>,
+    last_forward: Mutex<Option<CallMemory>>,
+    last_backward: Mutex<Option<CallMemory>>,
+    poison: AtomicBool,
+}
+
+/// wt[k][f][o][i] = W[k][f][i][o] for `blocks` square n x n blocks.
+fn transpose_blocks<T: Copy>(w: &[T], n: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(w.len());
+    for blk in w.chunks_exact(n * n) {
+        for o in 0..n {
+            out.extend((0..n).map(|i| blk[i * n + o]));
+        }
+    }
+    out
+}
+
+impl<T: Element> Stack<T> {
+    /// Validate the shape against the built kernel table, validate the
+    /// weights' lengths, upload them (and the transposed copies) once on
+    /// `stream`. The stack then belongs to `stream`'s context.
+    ///
+    /// `w0`: (n_layers, F, M0, M0), `w1`: (n_layers, F, M1, M1),
+    /// `gw`: (n_layers-1, F, Cf, LG), all row-major (in, out).
+    pub fn new(stream: &Arc<CudaStream>, shape: StackShape, w0: &[T], w1: &[T], gw: &[T]) -> Result<Self, MixError> {
+        Self::with_dispatch(stream, Dispatch::builtin(), shape, w0, w1, gw)
+    }
+
+    /// [`Stack::new`] over another kernel table.
+    pub fn with_dispatch(
+        stream: &Arc<CudaStream>,
+        dispatch: Dispatch<'static>,
+        shape: StackShape,
+        w0: &[T],
+        w1: &[T],
+        gw: &[T],
+    ) -> Result<Self, MixError> {
+        validate_shape::<T>(&dispatch, &shape)?;
+        let overflow = |tensor| MixError::UnsupportedShape {
+            param: ShapeParam::NLayers,
+            value: shape.n_layers as u64,
+            supported: format!("sizes of `{tensor}` that fit usize"),
+        };
+        check_len("w0", shape.w0_len().ok_or_else(|| overflow("w0"))?, w0.len())?;
+        check_len("w1", shape.w1_len().ok_or_else(|| overflow("w1"))?, w1.len())?;
+        check_len("gw", shape.gw_len().ok_or_else(|| overflow("gw"))?, gw.len())?;
+
+        let ctx = stream.context().clone();
+        let up = |what: &'static str, host: &[T]| {
+            stream.clone_htod(host).during(|| format!("uploading `{what}` ({} elements)", host.len()))
+        };
+        let wt0_host = transpose_blocks(w0, shape.m0());
+        let wt1_host = transpose_blocks(w1, shape.m1());
+        let w0_d = up("w0", w0)?;
+        let w1_d = up("w1", w1)?;
+        let wt0_d = up("wt0", &wt0_host)?;
+        let wt1_d = up("wt1", &wt1_host)?;
+        let gw_d = if gw.is_empty() { None } else { Some(up("gw", gw)?) };
+        stream.synchronize().during(|| "waiting for the weight upload".into())?;
+
+        Ok(Stack {
+            kernels: Kernels::new(ctx.clone(), shape.lg()),
+            ctx,
+            shape,
+            dispatch,
+            w0: w0_d,
+            w1: w1_d,
+            wt0: wt0_d,
+            wt1: wt1_d,
+            gw: gw_d,
+            last_path: Mutex::new(None),
+            last_forward: Mutex::new(None),
+            last_backward: Mutex::new(None),
+            poison: AtomicBool::new(false),
+        })
+    }
+
+    pub fn shape(&self) -> StackShape {
+        self.shape
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn dispatch(&self) -> Dispatch<'static> {
+        self.dispatch
+    }
+    /// Device bytes held by the stack itself: W0, W1, their transposes, GW.
+    pub fn weight_bytes(&self) -> u64 {
+        let sz = std::mem::size_of::<T>() as u64;
+        let gw = self.gw.as_ref().map_or(0, |g| g.len() as u64);
+        (2 * self.w0.len() as u64 + 2 * self.w1.len() as u64 + gw) * sz
+    }
+
+    /// Path decision of the last backward call (`None` before the first).
+    pub fn last_path(&self) -> Option<PathDecision> {
+        *lock(&self.last_path)
+    }
+    /// Extra peak bytes of the last forward call, outputs included (see
+    /// [`crate::runtime::memory`]).
+    pub fn last_forward_peak_bytes(&self) -> Option<u64> {
+        lock(&self.last_forward).map(|m| m.peak_bytes)
+    }
+    /// Extra peak bytes of the last backward call, outputs included (see
+    /// [`crate::runtime::memory`]).
+    pub fn last_backward_peak_bytes(&self) -> Option<u64> {
+        lock(&self.last_backward).map(|m| m.peak_bytes)
+    }
+    pub fn last_forward_memory(&self) -> Option<CallMemory> {
+        *lock(&self.last_forward)
+    }
+    pub fn last_backward_memory(&self) -> Option<CallMemory> {
+        *lock(&self.last_backward)
+    }
+
+    /// Record an event pair around every launch from now on (for benches;
+    /// off by default). Turning it off drops what was not collected.
+    pub fn set_profiling(&self, on: bool) {
+        self.kernels.set_profiling(on);
+    }
+    /// Per-kernel times of the launches since profiling was turned on or
+    /// last collected, in launch order; waits for those kernels.
+    pub fn timings(&self) -> Result<Vec<KernelTiming>, MixError> {
+        self.kernels.take_timings()
+    }
+    /// Canonical names of the kernels loaded so far.
+    pub fn loaded_kernels(&self) -> Vec<&'static str> {
+        self.kernels.loaded()
+    }
+
+    /// Debug aid for tests: fill every buffer the stack allocates (outputs
+    /// and scratch) with NaN before use.
+    #[doc(hidden)]
+    pub fn debug_poison_allocations(&self, on: bool) {
+        self.poison.store(on, Ordering::Relaxed);
+    }
+
+    fn check_stream(&self, stream: &CudaStream) -> Result<(), MixError> {
+        if **stream.context() != *self.ctx {
+            return Err(MixError::ContextMismatch { what: "stream" });
+        }
+        Ok(())
+    }
+
+    fn check_slice(&self, s: &CudaSlice<T>, what: &'static str) -> Result<(), MixError> {
+        if **s.context() != *self.ctx {
+            return Err(MixError::ContextMismatch { what });
+        }
+        Ok(())
+    }
+
+    fn select(&self, stage: Stage, tiles: &TileOverride) -> Result<&'static KernelEntry, MixError> {
+        self.dispatch.select(stage, T::DTYPE, self.shape.cf as u32, self.shape.lmax as u32, tiles)
+    }
+
+    /// The path and the kernels a backward call with `opts` would launch
+    /// (reads the environment for [`FusedMode::FromEnv`]); launches nothing.
+    pub fn backward_plan(&self, opts: &BackwardOptions) -> Result<(PathDecision, Vec<&'static KernelEntry>), MixError> {
+        let plan = self.plan_backward(opts)?;
+        let mut v = vec![plan.grad_alpha, plan.final_];
+        v.extend(plan.layer.iter().copied());
+        Ok((plan.decision, v))
+    }
+
+    fn plan_backward(&self, opts: &BackwardOptions) -> Result<BwdPlan, MixError> {
+        let cf = self.shape.cf as u32;
+        self.dispatch.validate_override(T::DTYPE, cf, &opts.tiles)?;
+        let requested = opts.fused.requested()?;
+        let decision = self.dispatch.decide_backward_path(T::DTYPE, cf, requested);
+        let grad_alpha = self.select(Stage::BwdGradAlpha, &opts.tiles)?;
+        let final_ = self.select(Stage::BwdFinal, &opts.tiles)?;
+        let mut layer = Vec::new();
+        if self.shape.gated() > 0 {
+            let stages: &[Stage] = match decision.path {
+                Path::Relay => &[Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGemm],
+                Path::Fused => &[Stage::BwdFusedM0, Stage::BwdFusedM1],
+            };
+            for &s in stages {
+                layer.push(self.select(s, &opts.tiles)?);
+            }
+        }
+        Ok(BwdPlan { decision, grad_alpha, final_, layer })
+    }
+
+    // ------------------------------------------------------------------
+    // Slice API
+    // ------------------------------------------------------------------
+
+    /// Forward pass. `u0`: (F, E, ROW) (E is derived from its length, which
+    /// must be a multiple of F*ROW), `alpha`: (E, F). Returns
+    /// `(out (E, F, ROW), z_all (n_layers-1, F, E, ROW))`, allocated on
+    /// `stream`. All work is enqueued on `stream`; nothing waits for it.
+    pub fn forward(
+        &self,
+        stream: &Arc<CudaStream>,
+        u0: &CudaSlice<T>,
+        alpha: &CudaSlice<T>,
+        apply_alpha: bool,
+    ) -> Result<(CudaSlice<T>, CudaSlice<T>), MixError> {
+        self.check_stream(stream)?;
+        self.check_slice(u0, "u0")?;
+        self.check_slice(alpha, "alpha")?;
+        let sh = self.shape;
+        let e = sh.edges_from("u0", u0.len())?;
+        check_len("alpha", sh.alpha_len(e)?, alpha.len())?;
+        sh.check_edges(e, std::mem::size_of::<T>())?;
+
+        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        let mut out = tr.output::<T>(sh.surface_len(e)?, "out")?;
+        let mut z_all = tr.output::<T>(sh.z_all_len(e)?, "z_all")?;
+        if e > 0 {
+            let (p_u0, _s0) = u0.device_ptr(stream);
+            let (p_alpha, _s1) = alpha.device_ptr(stream);
+            let (p_out, _s2) = out.device_ptr_mut(stream);
+            let (p_z, _s3) = z_all.device_ptr_mut(stream);
+            let ptrs = ForwardPtrs { u0: p_u0, alpha: p_alpha, out: p_out, z_all: p_z };
+            self.forward_core(stream, e, &ptrs, apply_alpha, &mut tr)?;
+        }
+        *lock(&self.last_forward) = Some(tr.finish());
+        Ok((out, z_all))
+    }
+
+    /// Backward pass (input gradients). `grad_out`, `out`: (E, F, ROW) (E
+    /// from `grad_out`'s length), `z_all`: (n_layers-1, F, E, ROW), `alpha`:
+    /// (E, F). Returns `(grad_u0 (F, E, ROW), grad_alpha (E, F), decision)`;
+    /// grad_alpha is zeros when `!apply_alpha`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        stream: &Arc<CudaStream>,
+        grad_out: &CudaSlice<T>,
+        out: &CudaSlice<T>,
+        z_all: &CudaSlice<T>,
+        alpha: &CudaSlice<T>,
+        apply_alpha: bool,
+        opts: &BackwardOptions,
+    ) -> Result<(CudaSlice<T>, CudaSlice<T>, PathDecision), MixError> {
+        self.check_stream(stream)?;
+        self.check_slice(grad_out, "grad_out")?;
+        self.check_slice(out, "out")?;
+        self.check_slice(z_all, "z_all")?;
+        self.check_slice(alpha, "alpha")?;
+        let sh = self.shape;
+        let e = sh.edges_from("grad_out", grad_out.len())?;
+        check_len("out", sh.surface_len(e)?, out.len())?;
+        check_len("z_all", sh.z_all_len(e)?, z_all.len())?;
+        check_len("alpha", sh.alpha_len(e)?, alpha.len())?;
+        sh.check_edges(e, std::mem::size_of::<T>())?;
+        let plan = self.plan_backward(opts)?;
+
+        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        let mut grad_u0 = tr.output::<T>(sh.surface_len(e)?, "grad_u0")?;
+        let mut grad_alpha = tr.output::<T>(sh.alpha_len(e)?, "grad_alpha")?;
+        *lock(&self.last_path) = Some(plan.decision);
+        if e > 0 {
+            let (p_go, _s0) = grad_out.device_ptr(stream);
+            let (p_out, _s1) = out.device_ptr(stream);
+            let (p_z, _s2) = z_all.device_ptr(stream);
+            let (p_alpha, _s3) = alpha.device_ptr(stream);
+            let (p_gu, _s4) = grad_u0.device_ptr_mut(stream);
+            let (p_ga, _s5) = grad_alpha.device_ptr_mut(stream);
+            let ptrs = BackwardPtrs {
+                grad_out: p_go,
+                out: p_out,
+                z_all: p_z,
+                alpha: p_alpha,
+                grad_u0: p_gu,
+                grad_alpha: p_ga,
+            };
+            self.backward_core(stream, e, &ptrs, apply_alpha, &plan, &mut tr)?;
+        }
+        *lock(&self.last_backward) = Some(tr.finish());
+        Ok((grad_u0, grad_alpha, plan.decision))
+    }
+
+    // ------------------------------------------------------------------
+    // Raw API (caller-owned buffers, e.g. behind a C ABI)
+    // ------------------------------------------------------------------
+
+    /// Forward on caller-owned buffers of `e` edges. Scratch is allocated
+    /// (and accounted) here; the outputs are not.
+    ///
+    /// # Safety
+    /// Every pointer must address device memory of this stack's context of at
+    /// least the size its [`ForwardPtrs`] field documents (elements of `T`),
+    /// valid until the enqueued work completes; `out`/`z_all` must not
+    /// overlap each other or the inputs. Work is enqueued on `stream` only:
+    /// the caller orders it against other streams.
+    pub unsafe fn forward_raw(
+        &self,
+        stream: &Arc<CudaStream>,
+        e: usize,
+        ptrs: &ForwardPtrs,
+        apply_alpha: bool,
+    ) -> Result<(), MixError> {
+        self.check_stream(stream)?;
+        self.shape.check_edges(e, std::mem::size_of::<T>())?;
+        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        if e > 0 {
+            nonnull(ptrs.u0, "u0")?;
+            nonnull(ptrs.alpha, "alpha")?;
+            nonnull(ptrs.out, "out")?;
+            if self.shape.gated() > 0 {
+                nonnull(ptrs.z_all, "z_all")?;
+            }
+            self.forward_core(stream, e, ptrs, apply_alpha, &mut tr)?;
+        }
+        *lock(&self.last_forward) = Some(tr.finish());
+        Ok(())
+    }
+
+    /// Backward on caller-owned buffers of `e` edges; returns the path taken.
+    ///
+    /// # Safety
+    /// As [`Stack::forward_raw`], for the fields of [`BackwardPtrs`].
+    pub unsafe fn backward_raw(
+        &self,
+        stream: &Arc<CudaStream>,
+        e: usize,
+        ptrs: &BackwardPtrs,
+        apply_alpha: bool,
+        opts: &BackwardOptions,
+    ) -> Result<PathDecision, MixError> {
+        self.check_stream(stream)?;
+        self.shape.check_edges(e, std::mem::size_of::<T>())?;
+        let plan = self.plan_backward(opts)?;
+        *lock(&self.last_path) = Some(plan.decision);
+        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        if e > 0 {
+            nonnull(ptrs.grad_out, "grad_out")?;
+            nonnull(ptrs.out, "out")?;
+            nonnull(ptrs.alpha, "alpha")?;
+            nonnull(ptrs.grad_u0, "grad_u0")?;
+            nonnull(ptrs.grad_alpha, "grad_alpha")?;
+            if self.shape.gated() > 0 {
+                nonnull(ptrs.z_all, "z_all")?;
+            }
+            self.backward_core(stream, e, ptrs, apply_alpha, &plan, &mut tr)?;
+        }
+        *lock(&self.last_backward) = Some(tr.finish());
+        Ok(plan.decision)
+    }
+
+    // ------------------------------------------------------------------
+    // Launch sequences
+    // ------------------------------------------------------------------
+
+    /// Byte offsets of layer `k`'s blocks: (w0_k, w1_k, gw_k).
+    fn layer_offsets(&self, k: usize) -> (u64, u64, u64) {
+        let sh = &self.shape;
+        let sz = std::mem::size_of::<T>() as u64;
+        let (f, m0, m1, cf, lg) = (sh.f as u64, sh.m0() as u64, sh.m1() as u64, sh.cf as u64, sh.lg() as u64);
+        let k = k as u64;
+        (k * f * m0 * m0 * sz, k * f * m1 * m1 * sz, k * f * cf * lg * sz)
+    }
+
+    fn forward_core(
+        &self,
+        stream: &Arc<CudaStream>,
+        e: usize,
+        p: &ForwardPtrs,
+        apply_alpha: bool,
+        tr: &mut Tracker<'_>,
+    ) -> Result<(), MixError> {
+        let sh = self.shape;
+        let none = TileOverride::new();
+        let gated = sh.gated();
+        let layer_kernels = if gated > 0 {
+            Some((
+                self.select(Stage::FwdM0, &none)?,
+                self.select(Stage::FwdGate, &none)?,
+                self.select(Stage::FwdM1, &none)?,
+            ))
+        } else {
+            None
+        };
+        let k_final = self.select(Stage::FwdFinal, &none)?;
+
+        let (f, m0, m1) = (sh.f, sh.m0(), sh.m1());
+        let sz = std::mem::size_of::<T>() as u64;
+        let z_stride = sh.surface_len(e)? as u64 * sz;
+        let ea = Arg::I64(e as i64);
+        let la = Arg::I32(sh.lmax as i32);
+        // Weight guards live until every launch is enqueued, so their read
+        // events are recorded after the kernels that read them.
+        let (w0, _r0) = self.w0.device_ptr(stream);
+        let (w1, _r1) = self.w1.device_ptr(stream);
+        let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
+        let gw = gw_guard.as_ref().map_or(0, |(p, _)| *p);
+
+        // Scratch: the ping-pong pair of u (one suffices for a single gated
+        // layer) and the gate surface sig.
+        let u_a = if gated >= 1 { Some(tr.scratch::<T>(sh.surface_len(e)?, "u (ping)")?) } else { None };
+        let u_b = if gated >= 2 { Some(tr.scratch::<T>(sh.surface_len(e)?, "u (pong)")?) } else { None };
+        let sig = if gated >= 1 { Some(tr.scratch::<T>(sh.sig_len(e)?, "sig")?) } else { None };
+        let pa = u_a.as_ref().map_or(0, |b| raw_ptr(b, stream));
+        let pb = u_b.as_ref().map_or(0, |b| raw_ptr(b, stream));
+        let psig = sig.as_ref().map_or(0, |b| raw_ptr(b, stream));
+
+        let mut u = p.u0;
+        if let Some((k_m0, k_gate, k_m1)) = layer_kernels {
+            for k in 0..gated {
+                let u_next = if k % 2 == 0 { pa } else { pb };
+                let z_k = p.z_all + k as u64 * z_stride;
+                let (o0, o1, og) = self.layer_offsets(k);
+                self.kernels.launch(stream, k_m0, e, m0, f, &[Arg::Ptr(u), Arg::Ptr(w0 + o0), Arg::Ptr(z_k), ea, la])?;
+                self.kernels.launch(
+                    stream,
+                    k_gate,
+                    e,
+                    0,
+                    f,
+                    &[Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
+                )?;
+                self.kernels.launch(
+                    stream,
+                    k_m1,
+                    e,
+                    m1,
+                    f,
+                    &[Arg::Ptr(u), Arg::Ptr(w1 + o1), Arg::Ptr(psig), Arg::Ptr(z_k), Arg::Ptr(u_next), ea, la],
+                )?;
+                u = u_next;
+            }
+        }
+        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1);
+        let aa = Arg::I32(apply_alpha as i32);
+        for (seg, w, n) in [(0, w0 + o0, m0), (1, w1 + o1, m1)] {
+            self.kernels.launch(
+                stream,
+                k_final,
+                e,
+                n,
+                f,
+                &[Arg::Ptr(u), Arg::Ptr(w), Arg::Ptr(p.alpha), Arg::Ptr(p.out), ea, la, Arg::I32(seg), aa],
+            )?;
+        }
+        for b in [u_a, u_b, sig].into_iter().flatten() {
+            tr.release(b);
+        }
+        Ok(())
+    }
+
+    fn backward_core(
+        &self,
+        stream: &Arc<CudaStream>,
+        e: usize,
+        p: &BackwardPtrs,
+        apply_alpha: bool,
+        plan: &BwdPlan,
+        tr: &mut Tracker<'_>,
+    ) -> Result<(), MixError> {
+        let sh = self.shape;
+        let gated = sh.gated();
+        let (f, m0, m1) = (sh.f, sh.m0(), sh.m1());
+        let sz = std::mem::size_of::<T>() as u64;
+        let z_stride = sh.surface_len(e)? as u64 * sz;
+        let ea = Arg::I64(e as i64);
+        let la = Arg::I32(sh.lmax as i32);
+        let aa = Arg::I32(apply_alpha as i32);
+        let (wt0, _r0) = self.wt0.device_ptr(stream);
+        let (wt1, _r1) = self.wt1.device_ptr(stream);
+        let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
+        let gw = gw_guard.as_ref().map_or(0, |(p, _)| *p);
+
+        // grad_alpha
+        if apply_alpha {
+            self.kernels.launch(
+                stream,
+                plan.grad_alpha,
+                e,
+                0,
+                f,
+                &[Arg::Ptr(p.grad_out), Arg::Ptr(p.out), Arg::Ptr(p.alpha), Arg::Ptr(p.grad_alpha), ea, la],
+            )?;
+        } else {
+            let bytes = sh.alpha_len(e)? * std::mem::size_of::<T>();
+            self.ctx.bind_to_thread().during(|| "binding the context".into())?;
+            // SAFETY: grad_alpha holds E*F elements (caller contract).
+            unsafe { cudarc::driver::result::memset_d8_async(p.grad_alpha, 0, bytes, stream.cu_stream()) }
+                .during(|| format!("zeroing grad_alpha ({bytes} bytes)"))?;
+        }
+
+        // g ping-pong: grad_u0 and one scratch surface, with the parity
+        // chosen so that the last write lands in grad_u0.
+        let g_scratch = if gated > 0 { Some(tr.scratch::<T>(sh.surface_len(e)?, "g (ping-pong)")?) } else { None };
+        let gs = g_scratch.as_ref().map_or(0, |b| raw_ptr(b, stream));
+        let (mut g, mut g_next) = if gated % 2 == 0 { (p.grad_u0, gs) } else { (gs, p.grad_u0) };
+
+        // Final identity layer.
+        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1);
+        for (seg, wt, n) in [(0, wt0 + o0, m0), (1, wt1 + o1, m1)] {
+            self.kernels.launch(
+                stream,
+                plan.final_,
+                e,
+                n,
+                f,
+                &[Arg::Ptr(p.grad_out), Arg::Ptr(p.alpha), Arg::Ptr(wt), Arg::Ptr(g), ea, la, Arg::I32(seg), aa],
+            )?;
+        }
+
+        match plan.decision.path {
+            Path::Relay if gated > 0 => {
+                let (k_rec, k_pw, k_gemm) = (plan.layer[0], plan.layer[1], plan.layer[2]);
+                let sig = tr.scratch::<T>(sh.sig_len(e)?, "sig")?;
+                let gz = tr.scratch::<T>(sh.surface_len(e)?, "gz")?;
+                let (psig, pgz) = (raw_ptr(&sig, stream), raw_ptr(&gz, stream));
+                for k in (0..gated).rev() {
+                    let z_k = p.z_all + k as u64 * z_stride;
+                    let (o0, o1, og) = self.layer_offsets(k);
+                    let gw_k = gw + og;
+                    self.kernels.launch(stream, k_rec, e, 0, f, &[Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(psig), ea, la])?;
+                    self.kernels.launch(
+                        stream,
+                        k_pw,
+                        e,
+                        0,
+                        f,
+                        &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(gw_k), Arg::Ptr(pgz), ea, la],
+                    )?;
+                    for (seg, wt, n) in [(0, wt0 + o0, m0), (1, wt1 + o1, m1)] {
+                        self.kernels.launch(
+                            stream,
+                            k_gemm,
+                            e,
+                            n,
+                            f,
+                            &[Arg::Ptr(pgz), Arg::Ptr(g), Arg::Ptr(wt), Arg::Ptr(g_next), ea, la, Arg::I32(seg)],
+                        )?;
+                    }
+                    std::mem::swap(&mut g, &mut g_next);
+                }
+                tr.release(sig);
+                tr.release(gz);
+            }
+            Path::Fused if gated > 0 => {
+                let (k_f0, k_f1) = (plan.layer[0], plan.layer[1]);
+                for k in (0..gated).rev() {
+                    let z_k = p.z_all + k as u64 * z_stride;
+                    let (o0, o1, og) = self.layer_offsets(k);
+                    let gw_k = gw + og;
+                    for (kern, wt, n) in [(k_f0, wt0 + o0, m0), (k_f1, wt1 + o1, m1)] {
+                        self.kernels.launch(
+                            stream,
+                            kern,
+                            e,
+                            n,
+                            f,
+                            &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(wt), Arg::Ptr(g_next), ea, la],
+                        )?;
+                    }
+                    std::mem::swap(&mut g, &mut g_next);
+                }
+            }
+            _ => {}
+        }
+        debug_assert_eq!(g, p.grad_u0, "the last backward write must land in grad_u0");
+        if let Some(b) = g_scratch {
+            tr.release(b);
+        }
+        Ok(())
+    }
+}
+
+impl<T: Element> Drop for Stack<T> {
+    /// Waits for the context's work before the weights are freed and the
+    /// modules unloaded (work on a stream other than the construction one
+    /// may still read them).
+    fn drop(&mut self) {
+        let _ = self.ctx.synchronize();
+    }
+}
+
+/// What one backward call launches.
+struct BwdPlan {
+    decision: PathDecision,
+    grad_alpha: &'static KernelEntry,
+    final_: &'static KernelEntry,
+    /// Per gated layer: relay [recompute, pointwise, gemm] or fused [m0, m1];
+    /// empty when there is no gated layer.
+    layer: Vec<&'static KernelEntry>,
+}
+
+/// Check (F, Cf, lmax, n_layers) against the limits and the table: every
+/// forward and relay stage the shape needs must have an accepted kernel.
+pub fn validate_shape<T: Element>(dispatch: &Dispatch<'_>, shape: &StackShape) -> Result<(), MixError> {
+    if shape.f == 0 || shape.f > MAX_F {
+        return Err(MixError::UnsupportedShape {
+            param: ShapeParam::F,
+            value: shape.f as u64,
+            supported: format!("1..={MAX_F}"),
+        });
+    }
+    if shape.n_layers == 0 {
+        return Err(MixError::UnsupportedShape {
+            param: ShapeParam::NLayers,
+            value: 0,
+            supported: ">= 1 (the last layer is the identity layer)".into(),
+        });
+    }
+    let lmax = u32::try_from(shape.lmax).unwrap_or(u32::MAX);
+    dispatch.check_lmax(lmax)?;
+    let cf = u32::try_from(shape.cf).unwrap_or(u32::MAX);
+    let none = TileOverride::new();
+    for stage in FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()) {
+        if shape.gated() == 0 && is_gated_stage(*stage) {
+            continue;
+        }
+        dispatch.select(*stage, T::DTYPE, cf, lmax, &none)?;
+    }
+    Ok(())
+}

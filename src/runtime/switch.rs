@@ -1,0 +1,62 @@
+//! The opt-in switch of the fused backward (`MIXSTACK_STACK_BWD_FUSED`).
+//!
+//! The fused path is off by default. With [`FusedMode::FromEnv`] the
+//! environment variable is read at every backward call (not cached), so a
+//! process can flip it between calls; [`FusedMode::On`] / [`FusedMode::Off`]
+//! override the environment.
+
+use super::error::MixError;
+
+/// The environment variable that requests the fused backward.
+pub const FUSED_ENV: &str = "MIXSTACK_STACK_BWD_FUSED";
+
+/// The spellings [`parse_switch`] accepts (case-insensitive, trimmed).
+pub const SWITCH_SPELLINGS: &str = "1/true/on/yes (fused) or 0/false/off/no/empty/unset (relay)";
+
+/// How a backward call decides whether the fused path is requested.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FusedMode {
+    /// Read [`FUSED_ENV`] at each call (default).
+    #[default]
+    FromEnv,
+    /// Request the fused path whatever the environment says.
+    On,
+    /// Never request the fused path.
+    Off,
+}
+
+impl FusedMode {
+    /// Whether the fused path is requested, reading the environment now for
+    /// [`FusedMode::FromEnv`]. A malformed environment value is an error
+    /// (not silently "off").
+    pub fn requested(self) -> Result<bool, MixError> {
+        match self {
+            FusedMode::On => Ok(true),
+            FusedMode::Off => Ok(false),
+            FusedMode::FromEnv => match std::env::var_os(FUSED_ENV) {
+                None => parse_switch(None),
+                Some(v) => match v.to_str() {
+                    Some(s) => parse_switch(Some(s)),
+                    None => Err(invalid(&v.to_string_lossy())),
+                },
+            },
+        }
+    }
+}
+
+/// Parse a value of [`FUSED_ENV`]: `1/true/on/yes` -> true;
+/// `0/false/off/no`, empty or unset (`None`) -> false; case-insensitive and
+/// trimmed. Anything else is [`MixError::InvalidSwitch`].
+pub fn parse_switch(value: Option<&str>) -> Result<bool, MixError> {
+    let Some(raw) = value else { return Ok(false) };
+    let v = raw.trim().to_ascii_lowercase();
+    match v.as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "" | "0" | "false" | "off" | "no" => Ok(false),
+        _ => Err(invalid(raw)),
+    }
+}
+
+fn invalid(value: &str) -> MixError {
+    MixError::InvalidSwitch { variable: FUSED_ENV, value: value.to_string(), allowed: SWITCH_SPELLINGS }
+}

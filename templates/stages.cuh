@@ -1,0 +1,257 @@
+// One device function per stage of specs/stages.yaml. Instance files call
+// exactly one of these with their tile and shared-memory layout (computed
+// in Rust: src/codegen/layout.rs). Arguments follow docs/KERNELS.md.
+#pragma once
+#include "core.cuh"
+
+namespace ms {
+
+// Per-LG shared buffer `slot` of ROWS rows: after the fixed part.
+template <typename T, typename S, int ROWS>
+__device__ __forceinline__ T* per_lg_rows(int slot, int LG) {
+  return smem_at<T>(S::fixed) + (i64)slot * ROWS * LG;
+}
+
+// ----------------------------------------------------------------- forward
+
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, typename S>
+__device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restrict__ w0,
+                                       T* __restrict__ z, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const T* uf = u + (i64)f * E * d.ROW;
+  T* zf = z + (i64)f * E * d.ROW;
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+      E, d.M0, d.M0, w0 + (i64)f * d.M0 * d.M0,
+      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; },
+      [&](i64 e, int n, T acc) { zf[e * d.ROW + n] = acc; });
+}
+
+// sig = sigmoid(s @ GW); u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig].
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __restrict__ z,
+                                         const T* __restrict__ gw, T* __restrict__ sig,
+                                         T* __restrict__ u_next, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const i64 e0 = (i64)blockIdx.x * ROWS;
+  const i64 base = (i64)f * E * d.ROW;
+  T* s_sh = smem_at<T>(S::s_rows);
+  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
+  load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + base, e0, E, d.ROW);
+  __syncthreads();
+  compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
+  __syncthreads();
+  T* sigf = sig + (i64)f * E * d.LG;
+  for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
+    const int m = idx / d.LG, c = idx - m * d.LG;
+    if (e0 + m < E) sigf[(e0 + m) * d.LG + c] = sig_sh[idx];
+  }
+  for (int idx = threadIdx.x; idx < ROWS * d.M0; idx += THREADS) {
+    const int m = idx / d.M0, col = idx - m * d.M0;
+    const i64 e = e0 + m;
+    if (e >= E) continue;
+    const i64 at = base + e * d.ROW + col;
+    T act;
+    if (col < CF) {
+      act = op_silu<T>(s_sh[m * CF + col]);
+    } else {
+      const int r = col / CF, ch = col - r * CF;
+      act = op_gate<T>(z[at], sig_sh[m * d.LG + group_of(r, L) * CF + ch]);
+    }
+    u_next[at] = op_residual<T>(u[at], act);
+  }
+}
+
+// z1 = u[:, M0:] @ W1; u_next[:, M0:] = u + z1 * [sig, sig].
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, typename S>
+__device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restrict__ w1,
+                                       const T* __restrict__ sig, T* __restrict__ z,
+                                       T* __restrict__ u_next, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const i64 base = (i64)f * E * d.ROW;
+  const T* uf = u + base;
+  const T* sigf = sig + (i64)f * E * d.LG;
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+      E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1,
+      [&](int, i64 e, int k) { return uf[e * d.ROW + d.M0 + k]; },
+      [&](i64 e, int n, T acc) {
+        const i64 at = base + e * d.ROW + d.M0 + n;
+        const int gr = (n / CF) % L, ch = n % CF;
+        z[at] = acc;
+        u_next[at] = op_residual<T>(u[at], op_gate<T>(acc, sigf[e * d.LG + gr * CF + ch]));
+      });
+}
+
+// Identity layer: out[e, f, seg] = (u + u_seg @ W_seg) * alpha, edge-major.
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, typename S>
+__device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __restrict__ w,
+                                          const T* __restrict__ alpha, T* __restrict__ out,
+                                          i64 E, int L, int seg, int apply_alpha) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z, F = gridDim.z;
+  const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
+  const T* uf = u + (i64)f * E * d.ROW + off;
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+      E, K, K, w + (i64)f * K * K,
+      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; },
+      [&](i64 e, int n, T acc) {
+        T v = op_residual<T>(uf[e * d.ROW + n], acc);
+        if (apply_alpha) v = op_alpha_scale<T>(v, alpha[e * F + f]);
+        out[(e * F + f) * d.ROW + off + n] = v;
+      });
+}
+
+// ---------------------------------------------------------------- backward
+
+// grad_alpha[e, f] = sum_cols(grad_out * out) / max(alpha, eps): one warp per row.
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
+                                               const T* __restrict__ out,
+                                               const T* __restrict__ alpha,
+                                               T* __restrict__ grad_alpha, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z, F = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int m = warp; m < ROWS; m += THREADS / 32) {
+    const i64 e = (i64)blockIdx.x * ROWS + m;
+    if (e >= E) break;
+    const i64 row = (e * F + f) * d.ROW;
+    T acc = T(0);
+    for (int c = lane; c < d.ROW; c += 32)
+      acc = op_dot_step<T>(grad_out[row + c], out[row + c], acc);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = op_residual<T>(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    if (lane == 0) grad_alpha[e * F + f] = op_grad_alpha_finish<T>(acc, alpha[e * F + f]);
+  }
+}
+
+// Final identity layer: g[f, e, seg] = ga + ga_seg @ W_seg^T, ga = grad_out * alpha
+// folded on the fly (grad_out is edge-major, g focus-major).
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, typename S>
+__device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
+                                          const T* __restrict__ alpha, const T* __restrict__ wt,
+                                          T* __restrict__ g, i64 E, int L, int seg,
+                                          int apply_alpha) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z, F = gridDim.z;
+  const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
+  auto ga = [&](i64 e, int k) {
+    const T x = grad_out[(e * F + f) * d.ROW + off + k];
+    return apply_alpha ? op_alpha_scale<T>(x, alpha[e * F + f]) : x;
+  };
+  T* gf = g + (i64)f * E * d.ROW + off;
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+      E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return ga(e, k); },
+      [&](i64 e, int n, T acc) { gf[e * d.ROW + n] = op_residual<T>(ga(e, n), acc); });
+}
+
+// Relay 1/3: sig = sigmoid(s @ GW) to memory.
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void bwd_recompute(const T* __restrict__ z, const T* __restrict__ gw,
+                                              T* __restrict__ sig, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const i64 e0 = (i64)blockIdx.x * ROWS;
+  T* s_sh = smem_at<T>(S::s_rows);
+  load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + (i64)f * E * d.ROW, e0, E, d.ROW);
+  __syncthreads();
+  const T* gwf = gw + (i64)f * CF * d.LG;
+  T* sigf = sig + (i64)f * E * d.LG;
+  for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
+    const int m = idx / d.LG, c = idx - m * d.LG;
+    if (e0 + m < E) sigf[(e0 + m) * d.LG + c] = gate_sig<T, CF>(s_sh + m * CF, gwf, d.LG, c);
+  }
+}
+
+// Relay 2/3: gz from g, z and sig (scalar chain folded in) to memory.
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* __restrict__ z,
+                                              const T* __restrict__ sig,
+                                              const T* __restrict__ gw, T* __restrict__ gz,
+                                              i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const i64 e0 = (i64)blockIdx.x * ROWS;
+  const i64 base = (i64)f * E * d.ROW;
+  const T* gf = g + base;
+  const T* zf = z + base;
+  const T* sigf = sig + (i64)f * E * d.LG;
+  const T* gwf = gw + (i64)f * CF * d.LG;
+  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
+  T* glog_sh = per_lg_rows<T, S, ROWS>(S::glog_slot, d.LG);
+  for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
+    const int m = idx / d.LG, c = idx - m * d.LG;
+    sig_sh[idx] = e0 + m < E ? sigf[(e0 + m) * d.LG + c] : T(0);
+  }
+  __syncthreads();
+  compute_glogit_rows<T, CF, ROWS, THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < ROWS * d.ROW; idx += THREADS) {
+    const int m = idx / d.ROW, col = idx - m * d.ROW;
+    const i64 e = e0 + m;
+    if (e >= E) continue;
+    gz[base + e * d.ROW + col] = gz_elem<T, CF>(gf + e * d.ROW, zf + e * d.ROW, sig_sh + m * d.LG,
+                                                glog_sh + m * d.LG, gwf, L, d.LG, col);
+  }
+}
+
+// Relay 3/3: g_next[seg] = g[seg] + gz_seg @ W_seg^T.
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, typename S>
+__device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __restrict__ g,
+                                         const T* __restrict__ wt, T* __restrict__ g_next,
+                                         i64 E, int L, int seg) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
+  const i64 base = (i64)f * E * d.ROW + off;
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+      E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return gz[base + e * d.ROW + k]; },
+      [&](i64 e, int n, T acc) {
+        g_next[base + e * d.ROW + n] = op_residual<T>(g[base + e * d.ROW + n], acc);
+      });
+}
+
+// Fused: one segment of g_next = g + gz_seg @ W_seg^T with gz formed per K
+// tile (BLOCK_K == Cf: one subtile) by gz_elem, never stored. SEG 0 (m = 0,
+// subtiles 0..L, subtile 0 carries the scalar chain) needs sig and g_logit
+// of the whole row; SEG 1 (|m| = 1, subtiles L+1..3L) needs sig only.
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, typename S, int SEG>
+__device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
+                                          const T* __restrict__ gw, const T* __restrict__ wt,
+                                          T* __restrict__ g_next, i64 E, int L) {
+  static_assert(BK == CF, "fused backward: one K tile is one subtile (BLOCK_K == Cf)");
+  typedef Tile<T, BM, BN, BK, TM, TN, S::apad> TL;
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const int off = SEG ? d.M0 : 0, K = SEG ? d.M1 : d.M0;
+  const i64 e0 = (i64)blockIdx.x * BM;
+  const i64 base = (i64)f * E * d.ROW;
+  const T* gf = g + base;
+  const T* zf = z + base;
+  const T* gwf = gw + (i64)f * CF * d.LG;
+  T* s_sh = smem_at<T>(S::s_rows);
+  T* sig_sh = per_lg_rows<T, S, BM>(S::sig_slot, d.LG);
+  T* glog_sh = SEG ? nullptr : per_lg_rows<T, S, BM>(S::glog_slot, d.LG);
+  load_scalar_rows<T, CF, BM, TL::THREADS>(s_sh, zf, e0, E, d.ROW);
+  __syncthreads();
+  compute_sig_rows<T, CF, BM, TL::THREADS>(sig_sh, s_sh, gwf, d.LG);
+  __syncthreads();
+  if (!SEG) {
+    compute_glogit_rows<T, CF, BM, TL::THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW);
+    __syncthreads();
+  }
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+      E, K, K, wt + (i64)f * K * K,
+      [&](int m, i64 e, int k) {
+        return gz_elem<T, CF>(gf + e * d.ROW, zf + e * d.ROW, sig_sh + m * d.LG,
+                              SEG ? nullptr : glog_sh + m * d.LG, gwf, L, d.LG, off + k);
+      },
+      [&](i64 e, int n, T acc) {
+        const i64 at = base + e * d.ROW + off + n;
+        g_next[at] = op_residual<T>(g[at], acc);
+      });
+}
+
+}  // namespace ms

@@ -1,0 +1,488 @@
+//! Runtime tests that need no GPU: the fused switch, dispatch over
+//! hand-built tables, launch geometry, shape arithmetic.
+
+use mixstack::runtime::dispatch::{
+    decide_backward_path, dispatch_report, select_kernel, Dispatch, Path, Reason, TileOverride, FUSED_CF_LIMIT,
+};
+use mixstack::runtime::error::{MixError, ShapeParam};
+use mixstack::runtime::launch::launch_config;
+use mixstack::runtime::shape::StackShape;
+use mixstack::runtime::stack::validate_shape;
+use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
+use mixstack::runtime::table::{Dtype, Geometry, KernelEntry, Stage, Variant};
+
+// ----------------------------------------------------------------------
+// hand-built tables
+// ----------------------------------------------------------------------
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+fn gemm(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
+    Geometry::Gemm { block_m, bn, block_k, tm, tn }
+}
+
+fn threads_of(g: Geometry) -> u32 {
+    match g {
+        Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
+        Geometry::Rows { threads, .. } => threads,
+    }
+}
+
+/// An entry with the canonical name of docs/KERNELS.md.
+fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool, is_default: bool) -> KernelEntry {
+    let name = match geometry {
+        Geometry::Gemm { block_m, bn, block_k, tm, tn } => {
+            format!("ms_{stage}_{dtype}_cf{cf}_m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}")
+        }
+        Geometry::Rows { rows, threads } => format!("ms_{stage}_{dtype}_cf{cf}_r{rows}_t{threads}"),
+    };
+    let variant = if matches!(stage, Stage::BwdFusedM0 | Stage::BwdFusedM1) { Variant::Fused } else { Variant::Relay };
+    KernelEntry {
+        name: leak(name),
+        stage,
+        variant,
+        dtype,
+        cf,
+        geometry,
+        threads: threads_of(geometry),
+        smem_per_lg: 0,
+        registers: 64,
+        spill_stores: if accepted { 0 } else { 8 },
+        spill_loads: if accepted { 0 } else { 8 },
+        stack_bytes: 0,
+        smem_static: 0,
+        accepted,
+        is_default,
+        ptx: "",
+        cubin: None,
+    }
+}
+
+fn is_gemm_stage(s: Stage) -> bool {
+    matches!(
+        s,
+        Stage::FwdM0 | Stage::FwdM1 | Stage::FwdFinal | Stage::BwdFinal | Stage::BwdGemm | Stage::BwdFusedM0 | Stage::BwdFusedM1
+    )
+}
+
+/// Every non-fused stage for (dtype, cf), one accepted default entry each.
+fn relay_entries(dtype: Dtype, cf: u32) -> Vec<KernelEntry> {
+    Stage::ALL
+        .into_iter()
+        .filter(|s| !matches!(s, Stage::BwdFusedM0 | Stage::BwdFusedM1))
+        .map(|s| {
+            let g = if is_gemm_stage(s) { gemm(64, 64, 32, 4, 4) } else { Geometry::Rows { rows: 4, threads: 128 } };
+            entry(s, dtype, cf, g, true, true)
+        })
+        .collect()
+}
+
+/// Fused entries for f32 at `cf` (BLOCK_K == cf): two accepted tiles per pass.
+fn fused_entries(cf: u32) -> Vec<KernelEntry> {
+    let mut v = Vec::new();
+    for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
+        v.push(entry(s, Dtype::F32, cf, gemm(64, 32, cf, 4, 4), true, false));
+        v.push(entry(s, Dtype::F32, cf, gemm(128, 32, cf, 8, 4), true, true));
+        v.push(entry(s, Dtype::F32, cf, gemm(128, 64, cf, 8, 8), false, false)); // spills
+    }
+    v
+}
+
+/// A full table: relay for f32/f64 at Cf 32/64/96/128, fused f32 at 32/64.
+fn full_table() -> Vec<KernelEntry> {
+    let mut t = Vec::new();
+    for cf in [32, 64, 96, 128] {
+        t.extend(relay_entries(Dtype::F32, cf));
+        t.extend(relay_entries(Dtype::F64, cf));
+    }
+    t.extend(fused_entries(32));
+    t.extend(fused_entries(64));
+    t
+}
+
+fn leak_table(t: Vec<KernelEntry>) -> &'static [KernelEntry] {
+    Box::leak(t.into_boxed_slice())
+}
+
+// ----------------------------------------------------------------------
+// switch
+// ----------------------------------------------------------------------
+
+#[test]
+fn switch_true_spellings() {
+    for v in ["1", "true", "on", "yes", "TRUE", "On", "YeS", " 1 ", "\ttrue\n", "  ON"] {
+        assert!(parse_switch(Some(v)).unwrap(), "{v:?} should be true");
+    }
+}
+
+#[test]
+fn switch_false_spellings() {
+    assert!(!parse_switch(None).unwrap(), "unset is false");
+    for v in ["0", "false", "off", "no", "", "   ", "FALSE", "Off", "NO", " 0\n"] {
+        assert!(!parse_switch(Some(v)).unwrap(), "{v:?} should be false");
+    }
+}
+
+#[test]
+fn switch_garbage_is_typed_error() {
+    for v in ["2", "yess", "enable", "tru", "1.0", "o n", "-1", "fused", "y", "n", "t", "f"] {
+        match parse_switch(Some(v)) {
+            Err(MixError::InvalidSwitch { variable, value, allowed }) => {
+                assert_eq!(variable, FUSED_ENV);
+                assert_eq!(value, v);
+                assert!(allowed.contains("yes") && allowed.contains("off"), "{allowed}");
+            }
+            other => panic!("{v:?}: expected InvalidSwitch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn explicit_modes_ignore_env() {
+    // On/Off never read the environment, so this is safe alongside other tests.
+    assert!(FusedMode::On.requested().unwrap());
+    assert!(!FusedMode::Off.requested().unwrap());
+    assert_eq!(FusedMode::default(), FusedMode::FromEnv);
+}
+
+#[test]
+fn from_env_reads_at_each_call() {
+    // The only test of this binary that touches the variable.
+    std::env::set_var(FUSED_ENV, "on");
+    assert!(FusedMode::FromEnv.requested().unwrap());
+    std::env::set_var(FUSED_ENV, "0");
+    assert!(!FusedMode::FromEnv.requested().unwrap());
+    std::env::set_var(FUSED_ENV, "bogus");
+    assert!(matches!(FusedMode::FromEnv.requested(), Err(MixError::InvalidSwitch { .. })));
+    std::env::remove_var(FUSED_ENV);
+    assert!(!FusedMode::FromEnv.requested().unwrap());
+    // Explicit modes override whatever the environment holds.
+    std::env::set_var(FUSED_ENV, "1");
+    assert!(!FusedMode::Off.requested().unwrap());
+    std::env::remove_var(FUSED_ENV);
+}
+
+// ----------------------------------------------------------------------
+// fused / relay decision
+// ----------------------------------------------------------------------
+
+#[test]
+fn decision_fused_when_requested_f32_cf32() {
+    let t = full_table();
+    for cf in [32, 64] {
+        let d = decide_backward_path(&t, Dtype::F32, cf, true);
+        assert_eq!(d.path, Path::Fused, "cf {cf}: {d}");
+        assert_eq!(d.reason, Reason::Requested);
+    }
+}
+
+#[test]
+fn decision_not_requested() {
+    let t = full_table();
+    let d = decide_backward_path(&t, Dtype::F32, 32, false);
+    assert_eq!(d.path, Path::Relay);
+    assert_eq!(d.reason, Reason::NotRequested);
+}
+
+#[test]
+fn decision_cf_96_128_relay() {
+    let mut t = full_table();
+    // Even with (hypothetical) fused kernels there, Cf >= 96 stays on the relay.
+    for cf in [96, 128] {
+        for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
+            t.push(entry(s, Dtype::F32, cf, gemm(64, 32, cf, 4, 4), true, true));
+        }
+    }
+    for cf in [96, 128] {
+        let d = decide_backward_path(&t, Dtype::F32, cf, true);
+        assert_eq!(d.path, Path::Relay);
+        assert_eq!(d.reason, Reason::CfTooLarge { cf, limit: FUSED_CF_LIMIT });
+        assert!(d.to_string().contains("96"), "{d}");
+    }
+}
+
+#[test]
+fn decision_f64_relay() {
+    let t = full_table();
+    let d = decide_backward_path(&t, Dtype::F64, 32, true);
+    assert_eq!(d.path, Path::Relay);
+    assert_eq!(d.reason, Reason::Dtype(Dtype::F64));
+}
+
+#[test]
+fn decision_reason_order() {
+    // Not requested wins over dtype and cf.
+    let t = full_table();
+    assert_eq!(decide_backward_path(&t, Dtype::F64, 128, false).reason, Reason::NotRequested);
+    // Dtype wins over cf.
+    assert_eq!(decide_backward_path(&t, Dtype::F64, 128, true).reason, Reason::Dtype(Dtype::F64));
+}
+
+#[test]
+fn decision_spilling_only_fused_is_relay() {
+    let mut t = relay_entries(Dtype::F32, 32);
+    for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
+        t.push(entry(s, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), false, true));
+    }
+    let d = decide_backward_path(&t, Dtype::F32, 32, true);
+    assert_eq!(d.path, Path::Relay);
+    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM0 });
+}
+
+#[test]
+fn decision_needs_both_passes() {
+    let mut t = relay_entries(Dtype::F32, 32);
+    t.push(entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, true));
+    let d = decide_backward_path(&t, Dtype::F32, 32, true);
+    assert_eq!(d.path, Path::Relay);
+    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM1 });
+}
+
+#[test]
+fn decision_needs_block_k_equal_cf() {
+    let mut t = relay_entries(Dtype::F32, 32);
+    for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
+        t.push(entry(s, Dtype::F32, 32, gemm(64, 32, 16, 4, 4), true, true)); // BLOCK_K 16 != 32
+    }
+    let d = decide_backward_path(&t, Dtype::F32, 32, true);
+    assert_eq!(d.path, Path::Relay);
+    assert!(matches!(d.reason, Reason::NoFusedKernel { .. }));
+}
+
+#[test]
+fn decision_empty_table() {
+    let d = decide_backward_path(&[], Dtype::F32, 32, true);
+    assert_eq!(d.path, Path::Relay);
+    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM0 });
+}
+
+// ----------------------------------------------------------------------
+// kernel selection
+// ----------------------------------------------------------------------
+
+#[test]
+fn select_prefers_default_among_accepted() {
+    let t = full_table();
+    let none = TileOverride::new();
+    let e = select_kernel(&t, Stage::BwdFusedM0, Dtype::F32, 32, 3, &none).unwrap();
+    assert!(e.is_default && e.accepted);
+    assert_eq!(e.name, "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4");
+}
+
+#[test]
+fn select_first_accepted_without_default() {
+    let mut t = relay_entries(Dtype::F32, 32);
+    t.retain(|e| e.stage != Stage::BwdGemm);
+    t.push(entry(Stage::BwdGemm, Dtype::F32, 32, gemm(32, 32, 32, 4, 4), false, true)); // default, but spills
+    t.push(entry(Stage::BwdGemm, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, false));
+    t.push(entry(Stage::BwdGemm, Dtype::F32, 32, gemm(128, 32, 32, 4, 4), true, false));
+    let e = select_kernel(&t, Stage::BwdGemm, Dtype::F32, 32, 2, &TileOverride::new()).unwrap();
+    assert_eq!(e.name, "ms_bwd_gemm_f32_cf32_m64_n32_k32_t4x4");
+}
+
+#[test]
+fn select_no_kernel_for_stage() {
+    let mut t = relay_entries(Dtype::F32, 32);
+    t.retain(|e| e.stage != Stage::BwdPointwise);
+    let err = select_kernel(&t, Stage::BwdPointwise, Dtype::F32, 32, 2, &TileOverride::new()).unwrap_err();
+    assert!(matches!(err, MixError::NoKernel { stage: Stage::BwdPointwise, dtype: Dtype::F32, cf: 32 }), "{err}");
+}
+
+#[test]
+fn select_cf_without_kernels() {
+    let t = full_table();
+    let err = select_kernel(&t, Stage::FwdM0, Dtype::F32, 48, 2, &TileOverride::new()).unwrap_err();
+    match err {
+        MixError::UnsupportedShape { param: ShapeParam::Cf, value: 48, supported } => {
+            assert!(supported.contains("32") && supported.contains("128"), "{supported}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn select_fused_f64_is_unsupported_dtype() {
+    let t = full_table();
+    let err = select_kernel(&t, Stage::BwdFusedM0, Dtype::F64, 32, 2, &TileOverride::new()).unwrap_err();
+    assert!(matches!(err, MixError::UnsupportedDtype { dtype: Dtype::F64, .. }), "{err}");
+}
+
+#[test]
+fn lmax_out_of_range() {
+    let t = full_table();
+    let d = Dispatch::new(&t).with_lmax_range((1, 6));
+    let none = TileOverride::new();
+    for lmax in [0, 7, 100] {
+        match d.select(Stage::FwdM0, Dtype::F32, 32, lmax, &none) {
+            Err(MixError::UnsupportedShape { param: ShapeParam::Lmax, value, supported }) => {
+                assert_eq!(value, lmax as u64);
+                assert_eq!(supported, "1..=6");
+            }
+            other => panic!("lmax {lmax}: {other:?}"),
+        }
+    }
+    for lmax in 1..=6 {
+        d.select(Stage::FwdM0, Dtype::F32, 32, lmax, &none).unwrap();
+    }
+}
+
+#[test]
+fn override_by_name() {
+    let t = full_table();
+    let d = Dispatch::new(&t);
+    let accepted = d.candidates(Stage::BwdFusedM1, Dtype::F32, 64);
+    assert_eq!(accepted.len(), 2, "spilling entry excluded");
+    for want in &accepted {
+        let tiles = TileOverride::new().with(Stage::BwdFusedM1, want.name);
+        let got = d.select(Stage::BwdFusedM1, Dtype::F32, 64, 2, &tiles).unwrap();
+        assert_eq!(got.name, want.name);
+        // Other stages keep the default dispatch.
+        let m0 = d.select(Stage::BwdFusedM0, Dtype::F32, 64, 2, &tiles).unwrap();
+        assert!(m0.is_default);
+        d.validate_override(Dtype::F32, 64, &tiles).unwrap();
+    }
+}
+
+#[test]
+fn override_rejections() {
+    let t = full_table();
+    let d = Dispatch::new(&t);
+    let cases: Vec<(Stage, &str, &str)> = vec![
+        (Stage::BwdFusedM0, "ms_nonexistent", "not in the kernel table"),
+        (Stage::BwdFusedM0, "ms_bwd_fused_m1_f32_cf32_m64_n32_k32_t4x4", "bwd_fused_m1"),
+        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf64_m64_n32_k64_t4x4", "Cf 64"),
+        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8", "not accepted"),
+        (Stage::BwdGemm, "ms_bwd_gemm_f64_cf32_m64_n64_k32_t4x4", "f64"),
+    ];
+    for (stage, name, why_part) in cases {
+        let tiles = TileOverride::new().with(stage, name);
+        let err = d.select(stage, Dtype::F32, 32, 2, &tiles).unwrap_err();
+        match &err {
+            MixError::BadOverride { stage: s, name: n, why, .. } => {
+                assert_eq!(*s, stage);
+                assert_eq!(n, name);
+                assert!(why.contains(why_part), "{name}: {why}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        // validate_override catches it whatever stage runs.
+        assert!(d.validate_override(Dtype::F32, 32, &tiles).is_err());
+    }
+}
+
+#[test]
+fn report_lists_every_key() {
+    let t = full_table();
+    let r = dispatch_report(&t);
+    // 9 relay stages x 2 dtypes x 4 cfs + 2 fused stages x 2 cfs.
+    assert_eq!(r.len(), 9 * 2 * 4 + 2 * 2);
+    let fused = r.iter().find(|c| c.stage == Stage::BwdFusedM0 && c.cf == 64).unwrap();
+    assert_eq!(fused.chosen, Some("ms_bwd_fused_m0_f32_cf64_m128_n32_k64_t8x4"));
+    assert_eq!((fused.accepted, fused.total), (2, 3));
+    // sorted by key
+    let keys: Vec<_> = r.iter().map(|c| (c.stage, c.dtype, c.cf)).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+
+    let mut t2 = relay_entries(Dtype::F32, 32);
+    t2.push(entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), false, true));
+    let r2 = dispatch_report(&t2);
+    let f = r2.iter().find(|c| c.stage == Stage::BwdFusedM0).unwrap();
+    assert_eq!(f.chosen, None);
+}
+
+#[test]
+fn builtin_table_is_consistent() {
+    // Whatever build.rs generated: the default choice of every key is accepted,
+    // and the geometry of every accepted entry is self-consistent.
+    let d = Dispatch::builtin();
+    for c in d.report() {
+        if let Some(name) = c.chosen {
+            let e = d.by_name(name).unwrap();
+            assert!(e.accepted);
+            launch_config(e, 1000, 128, 2, 96).unwrap_or_else(|err| panic!("{name}: {err}"));
+        }
+    }
+}
+
+// ----------------------------------------------------------------------
+// shape validation (CPU part of Stack::new)
+// ----------------------------------------------------------------------
+
+#[test]
+fn validate_shape_params() {
+    let t = leak_table(full_table());
+    let d = Dispatch::new(t).with_lmax_range((1, 6));
+    validate_shape::<f32>(&d, &StackShape::new(2, 32, 3, 3)).unwrap();
+    validate_shape::<f64>(&d, &StackShape::new(1, 128, 6, 1)).unwrap();
+    let param = |s: StackShape| match validate_shape::<f32>(&d, &s) {
+        Err(MixError::UnsupportedShape { param, .. }) => param,
+        other => panic!("{s:?}: {other:?}"),
+    };
+    assert_eq!(param(StackShape::new(0, 32, 3, 3)), ShapeParam::F);
+    assert_eq!(param(StackShape::new(70_000, 32, 3, 3)), ShapeParam::F);
+    assert_eq!(param(StackShape::new(2, 40, 3, 3)), ShapeParam::Cf);
+    assert_eq!(param(StackShape::new(2, 32, 0, 3)), ShapeParam::Lmax);
+    assert_eq!(param(StackShape::new(2, 32, 7, 3)), ShapeParam::Lmax);
+    assert_eq!(param(StackShape::new(2, 32, 3, 0)), ShapeParam::NLayers);
+}
+
+#[test]
+fn shape_arithmetic() {
+    let s = StackShape::new(2, 32, 3, 3);
+    assert_eq!((s.m0(), s.m1(), s.row(), s.lg(), s.gated()), (128, 192, 320, 96, 2));
+    assert_eq!(s.w0_len(), Some(3 * 2 * 128 * 128));
+    assert_eq!(s.gw_len(), Some(2 * 2 * 32 * 96));
+    assert_eq!(s.edges_from("u0", 2 * 320 * 77).unwrap(), 77);
+    assert_eq!(s.edges_from("u0", 0).unwrap(), 0);
+    assert!(matches!(
+        s.edges_from("u0", 2 * 320 * 77 + 1),
+        Err(MixError::BufferNotMultiple { tensor: "u0", unit: 640, .. })
+    ));
+    assert!(matches!(s.z_all_len(usize::MAX / 4), Err(MixError::SizeOverflow { .. })));
+    assert!(s.check_edges(646_000, 4).is_ok());
+    assert!(matches!(s.check_edges(usize::MAX / 1000, 8), Err(MixError::SizeOverflow { .. })));
+}
+
+// ----------------------------------------------------------------------
+// launch geometry
+// ----------------------------------------------------------------------
+
+#[test]
+fn geometry_gemm() {
+    let mut e = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(128, 32, 32, 8, 4), true, true);
+    e.smem_per_lg = 8;
+    let cfg = launch_config(&e, 333, 128, 2, 96).unwrap();
+    assert_eq!(cfg.block_dim, (128, 1, 1)); // (128/8)*(32/4)
+    assert_eq!(cfg.grid_dim, (3, 4, 2)); // ceil(333/128), ceil(128/32), F
+    assert_eq!(cfg.shared_mem_bytes, 8 * 96);
+    let cfg = launch_config(&e, 1, 192, 3, 96).unwrap();
+    assert_eq!(cfg.grid_dim, (1, 6, 3));
+}
+
+#[test]
+fn geometry_rows() {
+    let e = entry(Stage::BwdPointwise, Dtype::F64, 64, Geometry::Rows { rows: 4, threads: 256 }, true, true);
+    let cfg = launch_config(&e, 77, 0, 1, 128).unwrap();
+    assert_eq!(cfg.block_dim, (256, 1, 1));
+    assert_eq!(cfg.grid_dim, (20, 1, 1));
+    assert_eq!(cfg.shared_mem_bytes, 0);
+}
+
+#[test]
+fn geometry_grid_too_large() {
+    let e = entry(Stage::BwdPointwise, Dtype::F32, 32, Geometry::Rows { rows: 1, threads: 32 }, true, true);
+    let err = launch_config(&e, 1 << 31, 0, 1, 96).unwrap_err();
+    assert!(matches!(err, MixError::GridTooLarge { e: 2147483648, .. }), "{err}");
+    launch_config(&e, (1 << 31) - 1, 0, 1, 96).unwrap();
+}
+
+#[test]
+fn geometry_inconsistent_entry() {
+    let mut e = entry(Stage::BwdGemm, Dtype::F32, 32, gemm(64, 64, 32, 4, 4), true, true);
+    e.threads = 128; // should be 256
+    assert!(matches!(launch_config(&e, 10, 128, 1, 96), Err(MixError::TableInconsistent { .. })));
+}
