@@ -1,1 +1,51 @@
-fn main(){}
+//! `mixstack`: report the generated kernels, verify them, benchmark them.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "mixstack", version, about = "Kernels of the SO(2) mixing stack: report, verify, bench")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Every kernel instance with ptxas's numbers, and the dispatch table.
+    Report {
+        /// Print JSON (top-level keys `instances` and `dispatch`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the CPU reference and (with a GPU) every GPU path against vectors.
+    Verify {
+        /// A directory in the vectors format (manifest.json + raw files).
+        #[arg(long)]
+        vectors: Option<PathBuf>,
+    },
+    /// GPU medians of forward and backward, relay and fused, side by side.
+    Bench(cli::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Report { json }) => cli::report::run(json),
+        Some(Command::Verify { vectors }) => cli::verify::run(vectors.as_deref()),
+        Some(Command::Bench(args)) => cli::bench::run(&args),
+        None => cli::report::run(false)
+            .and_then(|_| cli::verify::run(None))
+            .and_then(|_| cli::bench::run_default()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mixstack: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -121,26 +121,51 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
 // Block GEMM: one BM x BN tile of C = epi(A @ B), A given element-wise by
 // a_at(m, e, k), B row-major K x N in global memory, K a multiple of BK.
 
+// 16-byte shared-memory loads: float4 / double2.
+template <typename T> struct Vec;
+template <> struct Vec<float> {
+  static constexpr int W = 4;
+  static __device__ __forceinline__ void load(const float* p, float* d) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+  }
+};
+template <> struct Vec<double> {
+  static constexpr int W = 2;
+  static __device__ __forceinline__ void load(const double* p, double* d) {
+    const double2 v = *reinterpret_cast<const double2*>(p);
+    d[0] = v.x; d[1] = v.y;
+  }
+};
+
+// A thread owns TM x TN outputs in 16-byte groups spread over the tile
+// (row i: group i/W at stride TY*W), so one warp's vector loads from
+// shared memory touch consecutive addresses.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD>
 struct Tile {
+  static constexpr int W = Vec<T>::W;
   static constexpr int TX = BN / TN;
   static constexpr int TY = BM / TM;
   static constexpr int THREADS = TX * TY;
   static constexpr int AS = BM + APAD;  // padded row of the k-major A tile
+  static_assert(TM % W == 0 && TN % W == 0, "tm and tn must be multiples of the 16-byte vector width");
+  static __device__ __forceinline__ int row(int ty, int i) { return (i / W) * (TY * W) + ty * W + (i % W); }
+  static __device__ __forceinline__ int col(int tx, int j) { return (j / W) * (TX * W) + tx * W + (j % W); }
 };
 
-// acc[i][j] += A[m_i][kk] * B[kk][n_j], kk ascending.
+// acc[i][j] += A[row i][kk] * B[kk][col j], kk ascending.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD>
 __device__ __forceinline__ void mma_chunk(T (&acc)[TM][TN], const T* As, const T* Bs,
                                           int ty, int tx) {
-  constexpr int AS = Tile<T, BM, BN, BK, TM, TN, APAD>::AS;
+  typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
+  constexpr int W = TL::W;
 #pragma unroll
   for (int kk = 0; kk < BK; ++kk) {
     T a[TM], b[TN];
 #pragma unroll
-    for (int i = 0; i < TM; ++i) a[i] = As[kk * AS + ty * TM + i];
+    for (int i = 0; i < TM; i += W) Vec<T>::load(As + kk * TL::AS + TL::row(ty, i), a + i);
 #pragma unroll
-    for (int j = 0; j < TN; ++j) b[j] = Bs[kk * BN + tx * TN + j];
+    for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + kk * BN + TL::col(tx, j), b + j);
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -183,11 +208,11 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
 
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
-    const i64 e = e0 + ty * TM + i;
+    const i64 e = e0 + TL::row(ty, i);
     if (e >= E) continue;
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
-      const int n = n0 + tx * TN + j;
+      const int n = n0 + TL::col(tx, j);
       if (n < N) epi(e, n, acc[i][j]);
     }
   }

@@ -9,7 +9,7 @@ use mixstack::runtime::launch::launch_config;
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
 use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
-use mixstack::runtime::table::{Dtype, Geometry, KernelEntry, Stage, Variant};
+use mixstack::runtime::table::{self, DispatchEntry, Dtype, Geometry, KernelEntry, Stage, Variant};
 
 // ----------------------------------------------------------------------
 // hand-built tables
@@ -47,6 +47,7 @@ fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool
         cf,
         geometry,
         threads: threads_of(geometry),
+        smem_fixed: 0,
         smem_per_lg: 0,
         registers: 64,
         spill_stores: if accepted { 0 } else { 8 },
@@ -341,7 +342,7 @@ fn override_by_name() {
         // Other stages keep the default dispatch.
         let m0 = d.select(Stage::BwdFusedM0, Dtype::F32, 64, 2, &tiles).unwrap();
         assert!(m0.is_default);
-        d.validate_override(Dtype::F32, 64, &tiles).unwrap();
+        d.validate_override(Dtype::F32, 64, 2, &tiles).unwrap();
     }
 }
 
@@ -368,21 +369,21 @@ fn override_rejections() {
             other => panic!("{name}: {other:?}"),
         }
         // validate_override catches it whatever stage runs.
-        assert!(d.validate_override(Dtype::F32, 32, &tiles).is_err());
+        assert!(d.validate_override(Dtype::F32, 32, 2, &tiles).is_err());
     }
 }
 
 #[test]
 fn report_lists_every_key() {
     let t = full_table();
-    let r = dispatch_report(&t);
-    // 9 relay stages x 2 dtypes x 4 cfs + 2 fused stages x 2 cfs.
-    assert_eq!(r.len(), 9 * 2 * 4 + 2 * 2);
-    let fused = r.iter().find(|c| c.stage == Stage::BwdFusedM0 && c.cf == 64).unwrap();
+    let r = Dispatch::new(&t).with_lmax_range((1, 6)).report();
+    // (9 relay stages x 2 dtypes x 4 cfs + 2 fused stages x 2 cfs) x 6 lmax.
+    assert_eq!(r.len(), (9 * 2 * 4 + 2 * 2) * 6);
+    let fused = r.iter().find(|c| c.stage == Stage::BwdFusedM0 && c.cf == 64 && c.lmax == 3).unwrap();
     assert_eq!(fused.chosen, Some("ms_bwd_fused_m0_f32_cf64_m128_n32_k64_t8x4"));
-    assert_eq!((fused.accepted, fused.total), (2, 3));
+    assert_eq!((fused.candidates, fused.total), (2, 3));
     // sorted by key
-    let keys: Vec<_> = r.iter().map(|c| (c.stage, c.dtype, c.cf)).collect();
+    let keys: Vec<_> = r.iter().map(|c| (c.stage, c.dtype, c.cf, c.lmax)).collect();
     let mut sorted = keys.clone();
     sorted.sort();
     assert_eq!(keys, sorted);
@@ -392,18 +393,122 @@ fn report_lists_every_key() {
     let r2 = dispatch_report(&t2);
     let f = r2.iter().find(|c| c.stage == Stage::BwdFusedM0).unwrap();
     assert_eq!(f.chosen, None);
+    assert_eq!((f.candidates, f.total), (0, 1));
+}
+
+#[test]
+fn dispatch_rows_are_honoured() {
+    let t = full_table();
+    let idx = |name: &str| t.iter().position(|e| e.name == name).unwrap();
+    let small = idx("ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4");
+    let spilling = idx("ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8");
+    let rows = vec![
+        DispatchEntry { stage: Stage::BwdFusedM0, dtype: Dtype::F32, cf: 32, lmax: 5, kernel: small },
+        // A row naming a non-candidate is ignored (the rules apply).
+        DispatchEntry { stage: Stage::BwdFusedM0, dtype: Dtype::F32, cf: 32, lmax: 6, kernel: spilling },
+        // So is a row with an index out of range.
+        DispatchEntry { stage: Stage::BwdFusedM0, dtype: Dtype::F32, cf: 32, lmax: 4, kernel: 10_000 },
+    ];
+    let d = Dispatch::new(&t).with_rows(&rows);
+    let none = TileOverride::new();
+    let pick = |lmax| d.select(Stage::BwdFusedM0, Dtype::F32, 32, lmax, &none).unwrap().name;
+    assert_eq!(pick(5), "ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4");
+    assert_eq!(pick(6), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4"); // is_default
+    assert_eq!(pick(4), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4");
+    assert_eq!(pick(3), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4"); // no row
+}
+
+#[test]
+fn smem_limit_filters_per_lmax() {
+    let mut t = relay_entries(Dtype::F32, 32);
+    // big: 40000 + 1000 * L*Cf bytes; small: 1000 + 100 * L*Cf.
+    let mut big = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(128, 64, 32, 8, 8), true, true);
+    big.smem_fixed = 40_000;
+    big.smem_per_lg = 1000;
+    let mut small = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, false);
+    small.smem_fixed = 1000;
+    small.smem_per_lg = 100;
+    let mut m1 = entry(Stage::BwdFusedM1, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, true);
+    m1.smem_fixed = 1000;
+    m1.smem_per_lg = 100;
+    let (big_name, small_name) = (big.name, small.name);
+    t.extend([big, small, m1]);
+    let limit = 232_448u64; // sm_90 opt-in
+    let d = Dispatch::new(&t).with_smem_limit(Some(limit));
+    let none = TileOverride::new();
+    let mut saw_both = (false, false);
+    for lmax in 1..=6u32 {
+        let need = 40_000 + 1000 * 32 * lmax as u64;
+        let got = d.select(Stage::BwdFusedM0, Dtype::F32, 32, lmax, &none).unwrap().name;
+        let want = if need <= limit { big_name } else { small_name };
+        assert_eq!(got, want, "lmax {lmax}");
+        if want == big_name { saw_both.0 = true } else { saw_both.1 = true }
+    }
+    assert_eq!(saw_both, (true, true));
+    // A tighter limit: big never fits, and overriding to it is rejected.
+    let d = d.with_smem_limit(Some(60_000));
+    let tiles = TileOverride::new().with(Stage::BwdFusedM0, big_name);
+    match d.select(Stage::BwdFusedM0, Dtype::F32, 32, 1, &tiles) {
+        Err(MixError::BadOverride { why, .. }) => assert!(why.contains("shared memory"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(d.select(Stage::BwdFusedM0, Dtype::F32, 32, 1, &none).unwrap().name, small_name);
+    // Nothing fits at all: the fused decision at that lmax is relay.
+    let d = d.with_smem_limit(Some(1000));
+    let dec = d.decide_backward_path_at(Dtype::F32, 32, 2, true);
+    assert_eq!(dec.path, Path::Relay);
+    assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM0 });
+    // The lmax-free decision ignores the limit.
+    assert_eq!(d.decide_backward_path(Dtype::F32, 32, true).path, Path::Fused);
+}
+
+#[test]
+fn builtin_rows_match_select() {
+    // Dispatch over the build's table picks exactly the build's rows.
+    let d = Dispatch::builtin();
+    let none = TileOverride::new();
+    for r in table::DISPATCH {
+        let want = &table::KERNELS[r.kernel];
+        let got = d.select(r.stage, r.dtype, r.cf, r.lmax, &none).unwrap();
+        assert_eq!(got.name, want.name, "{r:?}");
+        assert!(got.accepted);
+    }
 }
 
 #[test]
 fn builtin_table_is_consistent() {
-    // Whatever build.rs generated: the default choice of every key is accepted,
-    // and the geometry of every accepted entry is self-consistent.
+    // Whatever build.rs generated: the default choice of every key is
+    // accepted, and its geometry is self-consistent.
     let d = Dispatch::builtin();
     for c in d.report() {
         if let Some(name) = c.chosen {
             let e = d.by_name(name).unwrap();
             assert!(e.accepted);
-            launch_config(e, 1000, 128, 2, 96).unwrap_or_else(|err| panic!("{name}: {err}"));
+            let lg = (c.lmax * c.cf) as usize;
+            launch_config(e, 1000, 128, 2, lg).unwrap_or_else(|err| panic!("{name}: {err}"));
+        }
+    }
+}
+
+#[test]
+fn builtin_table_serves_every_shape() {
+    // Every Cf the project supports, every lmax, both dtypes: a stack can be
+    // built (CPU part), and f32 Cf 32/64 can take the fused path at every
+    // lmax under the sm_90 shared-memory limit.
+    if table::KERNELS.is_empty() {
+        println!("SKIPPED (empty kernel table): builtin_table_serves_every_shape");
+        return;
+    }
+    let d = Dispatch::builtin().with_smem_limit(Some(227 * 1024));
+    let (lo, hi) = d.lmax_range();
+    for cf in [32usize, 64, 96, 128] {
+        for lmax in lo as usize..=hi as usize {
+            let s = StackShape::new(2, cf, lmax, 3);
+            validate_shape::<f32>(&d, &s).unwrap_or_else(|e| panic!("f32 {s:?}: {e}"));
+            validate_shape::<f64>(&d, &s).unwrap_or_else(|e| panic!("f64 {s:?}: {e}"));
+            let dec = d.decide_backward_path_at(Dtype::F32, cf as u32, lmax as u32, true);
+            let want = if (cf as u32) < FUSED_CF_LIMIT { Path::Fused } else { Path::Relay };
+            assert_eq!(dec.path, want, "Cf {cf} lmax {lmax}: {dec}");
         }
     }
 }
@@ -455,10 +560,11 @@ fn shape_arithmetic() {
 fn geometry_gemm() {
     let mut e = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(128, 32, 32, 8, 4), true, true);
     e.smem_per_lg = 8;
+    e.smem_fixed = 1000;
     let cfg = launch_config(&e, 333, 128, 2, 96).unwrap();
     assert_eq!(cfg.block_dim, (128, 1, 1)); // (128/8)*(32/4)
     assert_eq!(cfg.grid_dim, (3, 4, 2)); // ceil(333/128), ceil(128/32), F
-    assert_eq!(cfg.shared_mem_bytes, 8 * 96);
+    assert_eq!(cfg.shared_mem_bytes, 1000 + 8 * 96);
     let cfg = launch_config(&e, 1, 192, 3, 96).unwrap();
     assert_eq!(cfg.grid_dim, (1, 6, 3));
 }

@@ -48,7 +48,7 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Expansion {
     let filters: Vec<&str> = only
         .map(|s| s.split(',').map(str::trim).filter(|f| !f.is_empty()).collect())
         .unwrap_or_default();
-    let lmax_max = specs.stages.lmax.max;
+    let lmax_min = specs.stages.lmax.min;
     let mut out = Expansion { instances: Vec::new(), pruned: Vec::new() };
     for st in &specs.stages.stages {
         for &dtype in &st.dtypes {
@@ -59,7 +59,7 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Expansion {
                         continue;
                     }
                     let lay = layout(&st.smem, dtype, cf, &geometry);
-                    if let Some(reason) = prune_reason(st.variant, cf, &geometry, &lay, lmax_max) {
+                    if let Some(reason) = prune_reason(st.variant, cf, &geometry, &lay, lmax_min) {
                         out.pruned.push(Pruned { name, reason });
                         continue;
                     }
@@ -113,7 +113,9 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
     v
 }
 
-fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_max: u32) -> Option<String> {
+/// Shared memory grows with lmax: an instance is pruned only if it cannot
+/// run even at the smallest lmax; dispatch skips it where it does not fit.
+fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min: u32) -> Option<String> {
     if let Geometry::Gemm { block_k, .. } = *g {
         if variant == Variant::Fused && block_k != cf {
             return Some(format!("fused needs BLOCK_K == Cf, got BLOCK_K {block_k}, Cf {cf}"));
@@ -123,9 +125,9 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_max:
             return Some(format!("BLOCK_K {block_k} does not divide Cf {cf}"));
         }
     }
-    let smem = lay.bytes(cf, lmax_max);
+    let smem = lay.bytes(cf, lmax_min);
     if smem > SM90_MAX_SMEM {
-        return Some(format!("{smem} bytes of shared memory at lmax {lmax_max} > {SM90_MAX_SMEM}"));
+        return Some(format!("{smem} bytes of shared memory at lmax {lmax_min} > {SM90_MAX_SMEM}"));
     }
     None
 }

@@ -101,14 +101,15 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
             ));
         }
     }
-    let dispatch = embed::resolve_dispatch(&mut built)?;
     let lmax = (specs.stages.lmax.min, specs.stages.lmax.max);
-    let manifest = embed::manifest(&arch, lmax, &fingerprint, &built, dispatch, &exp.pruned);
+    let dispatch = embed::resolve_dispatch(&mut built, lmax)?;
+    let rows = dispatch.iter().map(|(r, _)| r.clone()).collect();
+    let manifest = embed::manifest(&arch, lmax, &fingerprint, &built, rows, &exp.pruned);
     let manifest_path = opts.out_dir.join("build_manifest.json");
     let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
     std::fs::write(&manifest_path, &json).map_err(io(&manifest_path))?;
     let table = opts.out_dir.join("kernel_table.rs");
-    std::fs::write(&table, embed::kernel_table(&built, lmax, source, &manifest_path)).map_err(io(&table))?;
+    std::fs::write(&table, embed::kernel_table(&built, &dispatch, lmax, source, &manifest_path)).map_err(io(&table))?;
 
     if opts.bless {
         bless(opts, &rendered, &built, &json, &fingerprint)?;

@@ -76,6 +76,10 @@ pub enum MixError {
     #[error("{what} belongs to a different CUDA context than the stack")]
     ContextMismatch { what: &'static str },
 
+    /// No usable CUDA driver (libcuda could not be loaded).
+    #[error("no CUDA driver: {why}")]
+    NoDriver { why: String },
+
     /// A CUDA driver call failed.
     #[error("CUDA driver error while {during}: {source}")]
     Driver {

@@ -3,7 +3,7 @@
 //! Geometry follows docs/KERNELS.md: GEMM-like stages get
 //! `(BLOCK_M/TM)*(BN/TN)` threads and a `(ceil(E/BLOCK_M), ceil(N/BN), F)`
 //! grid; row-wise stages `THREADS` threads and `(ceil(E/ROWS), 1, F)`.
-//! Dynamic shared memory is `smem_per_lg * L*Cf` bytes.
+//! Dynamic shared memory is `smem_fixed + smem_per_lg * L*Cf` bytes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -68,9 +68,10 @@ pub fn launch_config(entry: &KernelEntry, e: usize, n: usize, f: usize, lg: usiz
     Ok(LaunchConfig { grid_dim: (gx as u32, gy as u32, f as u32), block_dim: (threads, 1, 1), shared_mem_bytes: smem })
 }
 
-/// Dynamic shared bytes of `entry` at gate width `lg` = L*Cf.
+/// Dynamic shared bytes of `entry` at gate width `lg` = L*Cf:
+/// `smem_fixed + smem_per_lg * lg`.
 pub fn dynamic_smem(entry: &KernelEntry, lg: usize) -> u64 {
-    entry.smem_per_lg as u64 * lg as u64
+    entry.smem_fixed as u64 + entry.smem_per_lg as u64 * lg as u64
 }
 
 /// One kernel argument (docs/KERNELS.md: pointers, `long long E`, `int`s).

@@ -5,12 +5,14 @@
 //!   decision, pure CPU;
 //! - [`switch`]: the `MIXSTACK_STACK_BWD_FUSED` opt-in switch;
 //! - [`shape`], [`element`]: the stack's shape and element types;
+//! - [`device`]: opening a device without panicking when there is no driver;
 //! - [`launch`]: launch geometry, lazy module loading, per-kernel timing;
 //! - [`memory`]: per-call allocation accounting;
 //! - [`stack`]: [`Stack`], forward and backward on a CUDA stream;
 //! - [`error`]: [`MixError`].
 pub mod table;
 
+pub mod device;
 pub mod dispatch;
 pub mod element;
 pub mod error;
@@ -20,6 +22,7 @@ pub mod shape;
 pub mod stack;
 pub mod switch;
 
+pub use device::open_device;
 pub use dispatch::{Dispatch, DispatchChoice, Path, PathDecision, Reason, TileOverride};
 pub use element::Element;
 pub use error::{MixError, ShapeParam};

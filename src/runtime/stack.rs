@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::dispatch::{is_gated_stage, Dispatch, Path, PathDecision, TileOverride, FORWARD_STAGES, RELAY_STAGES};
@@ -134,7 +134,8 @@ impl<T: Element> Stack<T> {
         Self::with_dispatch(stream, Dispatch::builtin(), shape, w0, w1, gw)
     }
 
-    /// [`Stack::new`] over another kernel table.
+    /// [`Stack::new`] over another kernel table. Unless `dispatch` already
+    /// has a shared-memory limit, the device's opt-in limit is set on it.
     pub fn with_dispatch(
         stream: &Arc<CudaStream>,
         dispatch: Dispatch<'static>,
@@ -143,6 +144,17 @@ impl<T: Element> Stack<T> {
         w1: &[T],
         gw: &[T],
     ) -> Result<Self, MixError> {
+        // Dispatch only what fits this device's shared memory at this lmax.
+        let ctx = stream.context().clone();
+        let dispatch = match dispatch.smem_limit() {
+            Some(_) => dispatch,
+            None => {
+                let optin = ctx
+                    .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                    .during(|| "querying the opt-in shared memory limit".into())?;
+                dispatch.with_smem_limit(Some(optin.max(0) as u64))
+            }
+        };
         validate_shape::<T>(&dispatch, &shape)?;
         let overflow = |tensor| MixError::UnsupportedShape {
             param: ShapeParam::NLayers,
@@ -153,7 +165,6 @@ impl<T: Element> Stack<T> {
         check_len("w1", shape.w1_len().ok_or_else(|| overflow("w1"))?, w1.len())?;
         check_len("gw", shape.gw_len().ok_or_else(|| overflow("gw"))?, gw.len())?;
 
-        let ctx = stream.context().clone();
         let up = |what: &'static str, host: &[T]| {
             stream.clone_htod(host).during(|| format!("uploading `{what}` ({} elements)", host.len()))
         };
@@ -270,10 +281,10 @@ impl<T: Element> Stack<T> {
     }
 
     fn plan_backward(&self, opts: &BackwardOptions) -> Result<BwdPlan, MixError> {
-        let cf = self.shape.cf as u32;
-        self.dispatch.validate_override(T::DTYPE, cf, &opts.tiles)?;
+        let (cf, lmax) = (self.shape.cf as u32, self.shape.lmax as u32);
+        self.dispatch.validate_override(T::DTYPE, cf, lmax, &opts.tiles)?;
         let requested = opts.fused.requested()?;
-        let decision = self.dispatch.decide_backward_path(T::DTYPE, cf, requested);
+        let decision = self.dispatch.decide_backward_path_at(T::DTYPE, cf, lmax, requested);
         let grad_alpha = self.select(Stage::BwdGradAlpha, &opts.tiles)?;
         let final_ = self.select(Stage::BwdFinal, &opts.tiles)?;
         let mut layer = Vec::new();

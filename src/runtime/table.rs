@@ -26,7 +26,7 @@ pub struct KernelEntry {
     pub smem_static: u32,
     /// False if ptxas reported spills: the build keeps it out of dispatch.
     pub accepted: bool,
-    /// The spec's (measured) default for its (stage, dtype, cf) key.
+    /// Chosen by the build's dispatch table (`DISPATCH`) for at least one key.
     pub is_default: bool,
     pub ptx: &'static str,
     /// sm_90 cubin from ptxas when the toolchain was present at build time.
@@ -46,6 +46,17 @@ impl KernelEntry {
             Geometry::Rows { .. } => None,
         }
     }
+}
+
+/// The build's dispatch choice for one (stage, dtype, cf, lmax) key.
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchEntry {
+    pub stage: Stage,
+    pub dtype: Dtype,
+    pub cf: u32,
+    pub lmax: u32,
+    /// Index into `KERNELS`.
+    pub kernel: usize,
 }
 
 include!(concat!(env!("OUT_DIR"), "/kernel_table.rs"));

@@ -1,0 +1,343 @@
+//! `mixstack bench`: GPU medians of forward and backward (relay and fused
+//! interleaved in one run, same inputs), with FLOP and byte rates, per-kernel
+//! breakdown, extra peak memory and a bitwise relay-vs-fused check.
+
+use super::CliResult;
+use mixstack::runtime::{open_device, BackwardOptions, CallMemory, FusedMode, Path, Stack, StackShape, TileOverride};
+use rand::{rngs::StdRng as SmallRng, Rng, SeedableRng};
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// A named workload: seed (F=2 E=646000 Cf=32 L=3 3 layers, alpha),
+    /// cf64 (Cf=64 L=2, F=2, alpha), f1 (F=1 Cf=32 L=3, no alpha).
+    #[arg(long, conflicts_with_all = ["focus", "edges", "cf", "lmax", "layers"])]
+    pub preset: Option<String>,
+    #[arg(long)]
+    pub focus: Option<usize>,
+    #[arg(long)]
+    pub edges: Option<usize>,
+    #[arg(long)]
+    pub cf: Option<usize>,
+    #[arg(long)]
+    pub lmax: Option<usize>,
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Without the competition weight alpha.
+    #[arg(long)]
+    pub no_alpha: bool,
+    /// Timed repetitions per path (after warm-up).
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// Time these fused tile configs too (canonical names, comma-separated
+    /// pairs m0:m1), e.g. for a tile sweep.
+    #[arg(long)]
+    pub fused_tiles: Vec<String>,
+    /// Write the results as JSON.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+#[derive(Serialize, Clone, Copy, Debug)]
+pub struct Workload {
+    pub f: usize,
+    pub e: usize,
+    pub cf: usize,
+    pub lmax: usize,
+    pub n_layers: usize,
+    pub apply_alpha: bool,
+}
+
+fn preset(name: &str) -> Result<Workload, String> {
+    match name {
+        "seed" => Ok(Workload { f: 2, e: 646_000, cf: 32, lmax: 3, n_layers: 3, apply_alpha: true }),
+        "cf64" => Ok(Workload { f: 2, e: 646_000, cf: 64, lmax: 2, n_layers: 3, apply_alpha: true }),
+        "f1" => Ok(Workload { f: 1, e: 646_000, cf: 32, lmax: 3, n_layers: 3, apply_alpha: false }),
+        other => Err(format!("unknown preset '{other}' (seed, cf64, f1)")),
+    }
+}
+
+impl Workload {
+    fn m0(&self) -> f64 {
+        ((self.lmax + 1) * self.cf) as f64
+    }
+    fn m1(&self) -> f64 {
+        (2 * self.lmax * self.cf) as f64
+    }
+    fn row(&self) -> f64 {
+        ((3 * self.lmax + 1) * self.cf) as f64
+    }
+    fn lg(&self) -> f64 {
+        (self.lmax * self.cf) as f64
+    }
+    fn rows(&self) -> f64 {
+        (self.f * self.e) as f64
+    }
+    fn gated(&self) -> f64 {
+        (self.n_layers - 1) as f64
+    }
+    /// Block GEMMs of every layer plus the gate projections.
+    pub fn forward_flops(&self) -> f64 {
+        let gemm = 2.0 * (self.m0() * self.m0() + self.m1() * self.m1());
+        self.rows() * (self.n_layers as f64 * gemm + self.gated() * 2.0 * self.cf as f64 * self.lg())
+    }
+    /// Block GEMMs (transposed) of every layer, plus per gated layer the gate
+    /// recompute and the gate-logit contraction.
+    pub fn backward_flops(&self) -> f64 {
+        let gemm = 2.0 * (self.m0() * self.m0() + self.m1() * self.m1());
+        self.rows() * (self.n_layers as f64 * gemm + self.gated() * 4.0 * self.cf as f64 * self.lg())
+    }
+    /// Fewest bytes: each input read once, each output written once (f32).
+    pub fn forward_bytes(&self) -> f64 {
+        4.0 * self.rows() * self.row() * (1.0 + 1.0 + self.gated())
+    }
+    pub fn backward_bytes(&self) -> f64 {
+        4.0 * self.rows() * self.row() * (3.0 + self.gated())
+    }
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Timing {
+    pub label: String,
+    pub path: String,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub reps: usize,
+    pub tflops: f64,
+    pub gbps_min_bytes: f64,
+    pub peak_extra_bytes: u64,
+    pub scratch_bytes: u64,
+    pub per_kernel: Vec<(String, String, f64)>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct BenchReport {
+    pub device: String,
+    pub workload: Workload,
+    pub seed: u64,
+    pub forward: Timing,
+    pub backward: Vec<Timing>,
+    pub fused_bitwise_equal_to_relay: Option<bool>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn random(rng: &mut SmallRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+}
+
+pub fn run_default() -> CliResult {
+    match open_device(0) {
+        Ok(_) => run(&BenchArgs {
+            preset: Some("seed".into()),
+            focus: None,
+            edges: None,
+            cf: None,
+            lmax: None,
+            layers: None,
+            no_alpha: false,
+            reps: 20,
+            fused_tiles: vec![],
+            json: None,
+        }),
+        Err(e) => {
+            println!("bench SKIPPED: no CUDA device ({e})");
+            Ok(())
+        }
+    }
+}
+
+type Stream = Arc<cudarc::driver::CudaStream>;
+
+fn time_ms(stream: &Stream, f: &mut dyn FnMut() -> CliResult) -> Result<f64, Box<dyn std::error::Error>> {
+    let ctx = stream.context();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
+    a.record(stream)?;
+    f()?;
+    b.record(stream)?;
+    Ok(a.elapsed_ms(&b)? as f64)
+}
+
+fn summarise(label: &str, path: &str, mut ms: Vec<f64>, flops: f64, bytes: f64, mem: CallMemory, per_kernel: Vec<(String, String, f64)>) -> Timing {
+    let reps = ms.len();
+    let med = median(&mut ms);
+    Timing {
+        label: label.into(),
+        path: path.into(),
+        median_ms: med,
+        min_ms: ms[0],
+        max_ms: ms[reps - 1],
+        reps,
+        tflops: flops / (med * 1e-3) / 1e12,
+        gbps_min_bytes: bytes / (med * 1e-3) / 1e9,
+        peak_extra_bytes: mem.peak_bytes,
+        scratch_bytes: mem.scratch_bytes,
+        per_kernel,
+    }
+}
+
+pub fn run(args: &BenchArgs) -> CliResult {
+    let w = match &args.preset {
+        Some(p) => preset(p)?,
+        None => Workload {
+            f: args.focus.ok_or("--focus (or --preset) is required")?,
+            e: args.edges.ok_or("--edges (or --preset) is required")?,
+            cf: args.cf.ok_or("--cf (or --preset) is required")?,
+            lmax: args.lmax.ok_or("--lmax (or --preset) is required")?,
+            n_layers: args.layers.ok_or("--layers (or --preset) is required")?,
+            apply_alpha: !args.no_alpha,
+        },
+    };
+    let w = Workload { apply_alpha: w.apply_alpha && !args.no_alpha, ..w };
+    if args.reps == 0 {
+        return Err("--reps must be at least 1".into());
+    }
+    let ctx = match open_device(0) {
+        Ok(c) => c,
+        Err(e) => return Err(format!("bench needs a CUDA GPU: {e}").into()),
+    };
+    let device = ctx.name().unwrap_or_else(|_| "unknown".into());
+    let stream = ctx.default_stream();
+    let seed: u64 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    println!("# bench on {device}: F={} E={} Cf={} lmax={} n_layers={} apply_alpha={} (inputs: uniform random, seed {seed})", w.f, w.e, w.cf, w.lmax, w.n_layers, w.apply_alpha);
+
+    let shape = StackShape::new(w.f, w.cf, w.lmax, w.n_layers);
+    let (m0, m1, row, lg) = (w.m0() as usize, w.m1() as usize, w.row() as usize, w.lg() as usize);
+    let s0 = (3.0 / m0 as f32).sqrt();
+    let s1 = (3.0 / m1 as f32).sqrt();
+    let sg = (3.0 / w.cf as f32).sqrt();
+    let w0 = random(&mut rng, w.n_layers * w.f * m0 * m0, -s0, s0);
+    let w1 = random(&mut rng, w.n_layers * w.f * m1 * m1, -s1, s1);
+    let gw = random(&mut rng, (w.n_layers - 1) * w.f * w.cf * lg, -sg, sg);
+    let stack = Stack::<f32>::new(&stream, shape, &w0, &w1, &gw)?;
+    let u0 = stream.clone_htod(&random(&mut rng, w.f * w.e * row, -1.0, 1.0))?;
+    let grad_out = stream.clone_htod(&random(&mut rng, w.f * w.e * row, -1.0, 1.0))?;
+    let alpha = stream.clone_htod(&random(&mut rng, w.e * w.f, 0.25, 1.25))?;
+
+    // forward
+    let warmup = 3;
+    let mut fwd_ms = Vec::new();
+    let mut saved = None;
+    for i in 0..warmup + args.reps {
+        let mut res = None;
+        let t = time_ms(&stream, &mut || {
+            res = Some(stack.forward(&stream, &u0, &alpha, w.apply_alpha)?);
+            Ok(())
+        })?;
+        if i >= warmup {
+            fwd_ms.push(t);
+        }
+        saved = res;
+    }
+    let fwd_mem = stack.last_forward_memory().unwrap_or_default();
+    stack.set_profiling(true);
+    let _ = stack.forward(&stream, &u0, &alpha, w.apply_alpha)?;
+    let fwd_kernels = kernel_rows(&stack)?;
+    stack.set_profiling(false);
+    let forward = summarise("forward", "relay", fwd_ms, w.forward_flops(), w.forward_bytes(), fwd_mem, fwd_kernels);
+    let (out, z_all) = saved.ok_or("no forward ran")?;
+
+    // backward variants, interleaved per repetition
+    let mut variants: Vec<(String, BackwardOptions)> = vec![
+        ("relay".into(), BackwardOptions::relay()),
+        ("fused".into(), BackwardOptions::fused()),
+    ];
+    for pair in &args.fused_tiles {
+        let (a, b) = pair.split_once(':').ok_or_else(|| format!("--fused-tiles wants M0_NAME:M1_NAME, got '{pair}'"))?;
+        let tiles = TileOverride::new()
+            .with(mixstack::kinds::Stage::BwdFusedM0, a)
+            .with(mixstack::kinds::Stage::BwdFusedM1, b);
+        variants.push((format!("fused[{a}|{b}]"), BackwardOptions { fused: FusedMode::On, tiles }));
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut paths = vec![Path::Relay; variants.len()];
+    for i in 0..warmup + args.reps {
+        for (v, (_, opts)) in variants.iter().enumerate() {
+            let mut p = None;
+            let t = time_ms(&stream, &mut || {
+                let (_, _, d) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts)?;
+                p = Some(d.path);
+                Ok(())
+            })?;
+            paths[v] = p.unwrap_or(Path::Relay);
+            if i >= warmup {
+                times[v].push(t);
+            }
+        }
+    }
+    let mut backward = Vec::new();
+    let mut results = Vec::new();
+    for (v, (label, opts)) in variants.iter().enumerate() {
+        stack.set_profiling(true);
+        let (gu, ga, d) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts)?;
+        let kernels = kernel_rows(&stack)?;
+        stack.set_profiling(false);
+        let mem = stack.last_backward_memory().unwrap_or_default();
+        results.push((d.path, stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?));
+        backward.push(summarise(label, paths[v].as_str(), times[v].clone(), w.backward_flops(), w.backward_bytes(), mem, kernels));
+    }
+    let bitwise = (results[1].0 == Path::Fused).then(|| {
+        results.iter().skip(1).filter(|r| r.0 == Path::Fused).all(|r| {
+            r.1.iter().zip(&results[0].1).all(|(a, b)| a.to_bits() == b.to_bits())
+                && r.2.iter().zip(&results[0].2).all(|(a, b)| a.to_bits() == b.to_bits())
+        })
+    });
+
+    print_timing(&forward);
+    for t in &backward {
+        print_timing(t);
+    }
+    if backward.len() > 1 && backward[1].path == "fused" {
+        println!("fused / relay backward median: {:.3}", backward[1].median_ms / backward[0].median_ms);
+    }
+    match bitwise {
+        Some(b) => println!("fused vs relay bitwise (grad_u0, grad_alpha, every element): {}", if b { "EQUAL" } else { "DIFFERENT" }),
+        None => println!("fused path not taken for this workload: relay only"),
+    }
+    let report = BenchReport { device, workload: w, seed, forward, backward, fused_bitwise_equal_to_relay: bitwise };
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+        println!("wrote {}", p.display());
+    }
+    if bitwise == Some(false) {
+        return Err("fused backward is not bitwise equal to the relay".into());
+    }
+    Ok(())
+}
+
+fn kernel_rows(stack: &Stack<f32>) -> Result<Vec<(String, String, f64)>, Box<dyn std::error::Error>> {
+    Ok(stack.timings()?.into_iter().map(|k| (k.stage.as_str().to_string(), k.kernel.to_string(), k.ms as f64)).collect())
+}
+
+fn print_timing(t: &Timing) {
+    println!(
+        "{:<10} {:<6} median {:>8.3} ms (min {:.3}, max {:.3}, n={})  {:>6.1} TFLOP/s  {:>7.1} GB/s of min bytes  extra peak {:.2} GB (scratch {:.2} GB)",
+        t.label, t.path, t.median_ms, t.min_ms, t.max_ms, t.reps, t.tflops, t.gbps_min_bytes,
+        t.peak_extra_bytes as f64 / 1e9, t.scratch_bytes as f64 / 1e9
+    );
+    let mut by_stage: Vec<(String, f64, usize)> = Vec::new();
+    for (stage, _, ms) in &t.per_kernel {
+        match by_stage.iter_mut().find(|s| &s.0 == stage) {
+            Some(s) => {
+                s.1 += ms;
+                s.2 += 1;
+            }
+            None => by_stage.push((stage.clone(), *ms, 1)),
+        }
+    }
+    for (stage, ms, n) in by_stage {
+        println!("    {stage:<15} {ms:>8.3} ms ({n} launches)");
+    }
+}

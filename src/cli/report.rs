@@ -1,0 +1,110 @@
+//! `mixstack report`: the build manifest (ptxas numbers per instance, the
+//! dispatch table per key) and the backward path per (dtype, Cf).
+
+use super::CliResult;
+use mixstack::codegen::embed::{DispatchRow, Manifest, ManifestInstance};
+use mixstack::kinds::Dtype;
+use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE};
+use mixstack::runtime::Dispatch;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct BackwardRow {
+    dtype: Dtype,
+    cf: u32,
+    switch_off: String,
+    switch_on: String,
+    reason_on: String,
+}
+
+#[derive(Serialize)]
+struct DispatchJson<'a> {
+    kernels: &'a [DispatchRow],
+    backward: Vec<BackwardRow>,
+}
+
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    instances: &'a [ManifestInstance],
+    dispatch: DispatchJson<'a>,
+}
+
+fn backward_rows(m: &Manifest) -> Vec<BackwardRow> {
+    let d = Dispatch::builtin();
+    let mut keys: Vec<(Dtype, u32)> = m.instances.iter().map(|i| (i.dtype, i.cf)).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .map(|(dtype, cf)| {
+            let off = d.decide_backward_path(dtype, cf, false);
+            let on = d.decide_backward_path(dtype, cf, true);
+            BackwardRow {
+                dtype,
+                cf,
+                switch_off: off.path.to_string(),
+                switch_on: on.path.to_string(),
+                reason_on: on.reason.to_string(),
+            }
+        })
+        .collect()
+}
+
+fn opt(v: Option<u32>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
+pub fn run(json: bool) -> CliResult {
+    let m: Manifest = serde_json::from_str(BUILD_MANIFEST_JSON)?;
+    let backward = backward_rows(&m);
+    if json {
+        let r = ReportJson { instances: &m.instances, dispatch: DispatchJson { kernels: &m.dispatch, backward } };
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("# kernel instances ({} from {}, {}; lmax {}..{} is a runtime argument)", m.instances.len(), BUILD_SOURCE, m.arch, m.lmax.0, m.lmax.1);
+    println!(
+        "{:<52} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  {}",
+        "name", "stage", "var", "dt", "cf", "block_m", "bn", "thr", "regs", "spillS", "spillL", "accepted", "dispatched"
+    );
+    for i in &m.instances {
+        println!(
+            "{:<52} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  {}",
+            i.name,
+            i.stage.as_str(),
+            i.variant.as_str(),
+            i.dtype.as_str(),
+            i.cf,
+            opt(i.block_m.or(i.rows)),
+            opt(i.bn),
+            i.threads,
+            i.registers,
+            i.spill_stores,
+            i.spill_loads,
+            if i.accepted { "yes" } else { "SPILLS" },
+            if i.is_default { "yes" } else { "" }
+        );
+    }
+    for p in &m.pruned {
+        println!("pruned {}: {}", p.name, p.reason);
+    }
+    println!("\n# dispatch per (stage, dtype, cf): instance [lmax range]");
+    let mut i = 0;
+    while i < m.dispatch.len() {
+        let r = &m.dispatch[i];
+        let mut j = i;
+        while j + 1 < m.dispatch.len() {
+            let n = &m.dispatch[j + 1];
+            if (n.stage, n.dtype, n.cf, &n.instance) != (r.stage, r.dtype, r.cf, &r.instance) {
+                break;
+            }
+            j += 1;
+        }
+        println!("{:<15} {:<4} cf {:>3} lmax {}..{}: {}", r.stage.as_str(), r.dtype.as_str(), r.cf, r.lmax, m.dispatch[j].lmax, r.instance);
+        i = j + 1;
+    }
+    println!("\n# backward path per (dtype, cf): switch off / switch on (MIXSTACK_STACK_BWD_FUSED)");
+    for b in &backward {
+        println!("{:<4} cf {:>3}: {} / {} ({})", b.dtype.as_str(), b.cf, b.switch_off, b.switch_on, b.reason_on);
+    }
+    Ok(())
+}

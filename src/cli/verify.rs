@@ -1,0 +1,143 @@
+//! `mixstack verify`: the CPU reference, then every GPU path, against a
+//! vectors directory. One line per case and path; fails if any exceeds its
+//! tolerance (f64 <= 1e-10, f32 <= 1e-5 relative).
+
+use super::CliResult;
+use mixstack::reference::{self, rel_err};
+use mixstack::runtime::{open_device, BackwardOptions, Element, Path, Stack, StackShape};
+use mixstack::vectors::{self, Case};
+use std::sync::Arc;
+
+pub const TOL_F64: f64 = 1e-10;
+pub const TOL_F32: f64 = 1e-5;
+
+/// Host conversions the harness needs on top of [`Element`].
+pub trait Host: Element {
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn bits(self) -> u64;
+}
+impl Host for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn bits(self) -> u64 {
+        self.to_bits() as u64
+    }
+}
+impl Host for f64 {
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+}
+
+struct Tally {
+    failed: usize,
+}
+
+impl Tally {
+    fn line(&mut self, case: usize, path: &str, tensor: &str, err: f64, tol: f64) {
+        let ok = err <= tol;
+        if !ok {
+            self.failed += 1;
+        }
+        println!("case {case} {path:<18} {tensor:<10} rel {err:.3e} (tol {tol:.0e}) {}", if ok { "PASS" } else { "FAIL" });
+    }
+}
+
+fn conv<T: Host>(v: &[f64]) -> Vec<T> {
+    v.iter().map(|&x| T::from_f64(x)).collect()
+}
+
+fn widen<T: Host>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|&x| x.to_f64()).collect()
+}
+
+/// Host outputs of one GPU run: out, z_all, grad_u0, grad_alpha, path.
+pub struct GpuRun<T> {
+    pub out: Vec<T>,
+    pub z_all: Vec<T>,
+    pub grad_u0: Vec<T>,
+    pub grad_alpha: Vec<T>,
+    pub path: Path,
+}
+
+/// Forward then backward of `case` on the GPU, inputs rounded to T from the
+/// vectors' exact f32 values; outputs poisoned with NaN before the run.
+pub fn run_case<T: Host>(stream: &Arc<cudarc::driver::CudaStream>, c: &Case, opts: &BackwardOptions) -> Result<GpuRun<T>, Box<dyn std::error::Error>> {
+    let s = c.shape;
+    let shape = StackShape::new(s.f, s.cf, s.lmax, s.n_layers);
+    let stack = Stack::<T>::new(stream, shape, &conv::<T>(&c.w0), &conv::<T>(&c.w1), &conv::<T>(&c.gw))?;
+    stack.debug_poison_allocations(true);
+    let u0 = stream.clone_htod(&conv::<T>(&c.u0))?;
+    let alpha = stream.clone_htod(&conv::<T>(&c.alpha))?;
+    let grad_out = stream.clone_htod(&conv::<T>(&c.grad_out))?;
+    let (out, z_all) = stack.forward(stream, &u0, &alpha, c.apply_alpha)?;
+    let (grad_u0, grad_alpha, decision) = stack.backward(stream, &grad_out, &out, &z_all, &alpha, c.apply_alpha, opts)?;
+    Ok(GpuRun {
+        out: stream.clone_dtoh(&out)?,
+        z_all: stream.clone_dtoh(&z_all)?,
+        grad_u0: stream.clone_dtoh(&grad_u0)?,
+        grad_alpha: stream.clone_dtoh(&grad_alpha)?,
+        path: decision.path,
+    })
+}
+
+fn check_gpu<T: Host>(t: &mut Tally, label: &str, c: &Case, r: &GpuRun<T>, tol: f64) {
+    t.line(c.index, label, "out", rel_err(&widen(&r.out), &c.out), tol);
+    t.line(c.index, label, "z_all", rel_err(&widen(&r.z_all), &c.z_all), tol);
+    t.line(c.index, label, "grad_u0", rel_err(&widen(&r.grad_u0), &c.grad_u0), tol);
+    t.line(c.index, label, "grad_alpha", rel_err(&widen(&r.grad_alpha), &c.grad_alpha), tol);
+}
+
+pub fn run(dir: Option<&std::path::Path>) -> CliResult {
+    let dir = dir.map(|d| d.to_path_buf()).unwrap_or_else(vectors::default_dir);
+    let cases = vectors::load_dir(&dir)?;
+    println!("# verify against {} ({} cases)", dir.display(), cases.len());
+    let mut t = Tally { failed: 0 };
+    for c in &cases {
+        let w = c.weights();
+        let (out, z_all) = reference::forward(&c.shape, &w, &c.u0, &c.alpha, c.apply_alpha);
+        let (gu, ga) = reference::backward(&c.shape, &w, &c.grad_out, &out, &z_all, &c.alpha, c.apply_alpha);
+        t.line(c.index, "cpu-f64", "out", rel_err(&out, &c.out), TOL_F64);
+        t.line(c.index, "cpu-f64", "z_all", rel_err(&z_all, &c.z_all), TOL_F64);
+        t.line(c.index, "cpu-f64", "grad_u0", rel_err(&gu, &c.grad_u0), TOL_F64);
+        t.line(c.index, "cpu-f64", "grad_alpha", rel_err(&ga, &c.grad_alpha), TOL_F64);
+    }
+    match open_device(0) {
+        Err(e) => println!("GPU paths SKIPPED: no CUDA device ({e})"),
+        Ok(ctx) => {
+            let stream = ctx.default_stream();
+            for c in &cases {
+                let r64 = run_case::<f64>(&stream, c, &BackwardOptions::relay())?;
+                check_gpu(&mut t, "gpu-f64-relay", c, &r64, TOL_F64);
+                let relay = run_case::<f32>(&stream, c, &BackwardOptions::relay())?;
+                check_gpu(&mut t, "gpu-f32-relay", c, &relay, TOL_F32);
+                let fused = run_case::<f32>(&stream, c, &BackwardOptions::fused())?;
+                if fused.path == Path::Fused {
+                    check_gpu(&mut t, "gpu-f32-fused", c, &fused, TOL_F32);
+                    let same = fused.grad_u0.iter().zip(&relay.grad_u0).all(|(a, b)| a.bits() == b.bits())
+                        && fused.grad_alpha.iter().zip(&relay.grad_alpha).all(|(a, b)| a.bits() == b.bits());
+                    println!("case {} gpu-f32-fused      bitwise equal to relay: {}", c.index, if same { "PASS" } else { "FAIL" });
+                    t.failed += usize::from(!same);
+                } else {
+                    println!("case {} gpu-f32-fused      not run: relay (outside the fused regime)", c.index);
+                }
+            }
+        }
+    }
+    if t.failed > 0 {
+        return Err(format!("{} checks failed", t.failed).into());
+    }
+    println!("verify: all checks passed");
+    Ok(())
+}

@@ -1,0 +1,754 @@
+//! GPU tests of the stack runtime against the CPU reference, bit-for-bit
+//! between the fused and relay backward, and the dispatch/fallback rules.
+//!
+//! Without a CUDA device every test prints `SKIPPED (no CUDA device): <name>`
+//! and passes. Inputs are random with a seed from the clock (printed; set
+//! `MIXSTACK_TEST_SEED` to reproduce). `MIXSTACK_VECTORS_DIR` overrides the
+//! reference vectors' folder (default: the crate's `vectors/`).
+//!
+//! Every buffer the runtime allocates is poisoned with NaN first
+//! (`debug_poison_allocations`), so an element a kernel fails to write shows
+//! up as a NaN (rel_err = inf).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use mixstack::reference::{self, Shape, Weights};
+use mixstack::runtime::dispatch::{Dispatch, Path, Reason, TileOverride, FUSED_CF_LIMIT};
+use mixstack::runtime::error::{MixError, ShapeParam};
+use mixstack::runtime::switch::FUSED_ENV;
+use mixstack::runtime::table::{Dtype, Stage};
+use mixstack::runtime::{
+    open_device, BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, PathDecision, Stack, StackShape,
+};
+use mixstack::vectors;
+
+const TOL_F64: f64 = 1e-10;
+const TOL_F32: f64 = 1e-5;
+
+// ----------------------------------------------------------------------
+// harness
+// ----------------------------------------------------------------------
+
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+/// The device, or `None` after printing the skip line.
+fn gpu(test: &str) -> Option<Gpu> {
+    let ctx = match open_device(0) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("SKIPPED (no CUDA device): {test}");
+            println!("  ({e})");
+            return None;
+        }
+    };
+    assert!(
+        !Dispatch::builtin().entries().is_empty(),
+        "a CUDA device is present but the kernel table is empty (stub build.rs?)"
+    );
+    let stream = ctx.new_stream().expect("new stream");
+    Some(Gpu { ctx, stream })
+}
+
+/// Serialises the tests that read or write the fused switch's environment
+/// variable (the others pass explicit modes and never read it).
+fn env_lock() -> MutexGuard<'static, ()> {
+    static L: Mutex<()> = Mutex::new(());
+    L.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn rng_for(test: &str) -> StdRng {
+    let seed = std::env::var("MIXSTACK_TEST_SEED").ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    });
+    println!("{test}: seed {seed} (MIXSTACK_TEST_SEED={seed} reproduces)");
+    StdRng::seed_from_u64(seed)
+}
+
+/// f32/f64 as the tests need them.
+trait TestElem: Element {
+    fn from_f32(x: f32) -> Self;
+    fn to_f64(self) -> f64;
+    fn bits(self) -> u64;
+    fn tol() -> f64;
+}
+impl TestElem for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn bits(self) -> u64 {
+        self.to_bits() as u64
+    }
+    fn tol() -> f64 {
+        TOL_F32
+    }
+}
+impl TestElem for f64 {
+    fn from_f32(x: f32) -> Self {
+        x as f64
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+    fn tol() -> f64 {
+        TOL_F64
+    }
+}
+
+fn conv<T: TestElem>(v: &[f32]) -> Vec<T> {
+    v.iter().map(|&x| T::from_f32(x)).collect()
+}
+
+fn upload<T: TestElem>(s: &Arc<CudaStream>, host: &[f32]) -> CudaSlice<T> {
+    if host.is_empty() {
+        return s.null::<T>().expect("null slice");
+    }
+    s.clone_htod(&conv::<T>(host)).expect("upload")
+}
+
+fn download<T: TestElem>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> Vec<T> {
+    if d.len() == 0 {
+        return Vec::new();
+    }
+    s.clone_dtoh(d).expect("download")
+}
+
+fn widen<T: TestElem>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+fn bits<T: TestElem>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.bits()).collect()
+}
+
+// ----------------------------------------------------------------------
+// problems
+// ----------------------------------------------------------------------
+
+/// One random problem; inputs are f32 values (exact in f64 too).
+#[derive(Clone)]
+struct Problem {
+    shape: Shape,
+    apply_alpha: bool,
+    u0: Vec<f32>,
+    alpha: Vec<f32>,
+    w0: Vec<f32>,
+    w1: Vec<f32>,
+    gw: Vec<f32>,
+    grad_out: Vec<f32>,
+}
+
+fn normal(rng: &mut StdRng) -> f32 {
+    // Box-Muller
+    let u1: f64 = rng.gen_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.gen();
+    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+}
+
+fn normals(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| normal(rng) * scale).collect()
+}
+
+impl Problem {
+    fn random(rng: &mut StdRng, shape: Shape, apply_alpha: bool) -> Self {
+        let s = &shape;
+        Problem {
+            shape,
+            apply_alpha,
+            u0: normals(rng, s.u0_len(), 1.0),
+            alpha: (0..s.alpha_len()).map(|_| rng.gen_range(0.25f32..1.25)).collect(),
+            w0: normals(rng, s.w0_len(), 1.0 / (s.m0() as f32).sqrt()),
+            w1: normals(rng, s.w1_len(), 1.0 / (s.m1() as f32).sqrt()),
+            gw: normals(rng, s.gw_len(), 1.0 / (s.cf as f32).sqrt()),
+            grad_out: normals(rng, s.out_len(), 1.0),
+        }
+    }
+
+    fn stack_shape(&self) -> StackShape {
+        let s = &self.shape;
+        StackShape::new(s.f, s.cf, s.lmax, s.n_layers)
+    }
+
+    fn wide(v: &[f32]) -> Vec<f64> {
+        v.iter().map(|&x| x as f64).collect()
+    }
+
+    /// f64 reference: (out, z_all, grad_u0, grad_alpha).
+    fn reference(&self) -> Expected {
+        let (w0, w1, gw) = (Self::wide(&self.w0), Self::wide(&self.w1), Self::wide(&self.gw));
+        let w = Weights { w0: &w0, w1: &w1, gw: &gw };
+        let (u0, alpha, go) = (Self::wide(&self.u0), Self::wide(&self.alpha), Self::wide(&self.grad_out));
+        let (out, z_all) = reference::forward(&self.shape, &w, &u0, &alpha, self.apply_alpha);
+        let (grad_u0, grad_alpha) =
+            reference::backward(&self.shape, &w, &go, &out, &z_all, &alpha, self.apply_alpha);
+        Expected { out, z_all, grad_u0, grad_alpha }
+    }
+
+    fn describe(&self) -> String {
+        let s = &self.shape;
+        format!(
+            "F={} E={} Cf={} lmax={} n_layers={} apply_alpha={}",
+            s.f, s.e, s.cf, s.lmax, s.n_layers, self.apply_alpha
+        )
+    }
+}
+
+struct Expected {
+    out: Vec<f64>,
+    z_all: Vec<f64>,
+    grad_u0: Vec<f64>,
+    grad_alpha: Vec<f64>,
+}
+
+/// What one GPU forward + backward produced.
+struct Got<T> {
+    out: Vec<T>,
+    z_all: Vec<T>,
+    grad_u0: Vec<T>,
+    grad_alpha: Vec<T>,
+    decision: PathDecision,
+}
+
+fn make_stack<T: TestElem>(g: &Gpu, p: &Problem) -> Stack<T> {
+    let st = Stack::<T>::new(&g.stream, p.stack_shape(), &conv::<T>(&p.w0), &conv::<T>(&p.w1), &conv::<T>(&p.gw))
+        .unwrap_or_else(|e| panic!("Stack::new for {}: {e}", p.describe()));
+    st.debug_poison_allocations(true);
+    st
+}
+
+/// Forward, then backward on the GPU's own out/z_all.
+fn run<T: TestElem>(g: &Gpu, st: &Stack<T>, p: &Problem, opts: &BackwardOptions) -> Result<Got<T>, MixError> {
+    let s = &g.stream;
+    let u0 = upload::<T>(s, &p.u0);
+    let alpha = upload::<T>(s, &p.alpha);
+    let go = upload::<T>(s, &p.grad_out);
+    let (out, z_all) = st.forward(s, &u0, &alpha, p.apply_alpha)?;
+    let (gu, ga, decision) = st.backward(s, &go, &out, &z_all, &alpha, p.apply_alpha, opts)?;
+    Ok(Got {
+        out: download(s, &out),
+        z_all: download(s, &z_all),
+        grad_u0: download(s, &gu),
+        grad_alpha: download(s, &ga),
+        decision,
+    })
+}
+
+fn check_close<T: TestElem>(what: &str, got: &Got<T>, want: &Expected) {
+    let tol = T::tol();
+    for (name, a, b) in [
+        ("out", widen(&got.out), &want.out),
+        ("z_all", widen(&got.z_all), &want.z_all),
+        ("grad_u0", widen(&got.grad_u0), &want.grad_u0),
+        ("grad_alpha", widen(&got.grad_alpha), &want.grad_alpha),
+    ] {
+        assert_eq!(a.len(), b.len(), "{what}: {name} length");
+        let r = reference::rel_err(&a, b);
+        assert!(r <= tol, "{what}: {name} rel_err {r:e} > {tol:e} ({})", got.decision);
+    }
+}
+
+/// Budgeted random shapes: every Cf in {32,64,96,128} with every lmax 1..=6,
+/// E cycling 1/77/333 (not multiples of 64), F 1..=3, n_layers 2..=4, plus an
+/// n_layers = 1 and an n_layers = 5 case.
+fn random_shapes(rng: &mut StdRng) -> Vec<(Shape, bool)> {
+    const BUDGET: usize = 400_000_000; // E*F*n_layers*(M0^2+M1^2), keeps the f64 reference quick
+    let es = [1usize, 77, 333];
+    let mut v = Vec::new();
+    let mut i = 0;
+    for cf in [32usize, 64, 96, 128] {
+        for lmax in 1..=6usize {
+            let mut s = Shape {
+                f: rng.gen_range(1..=3),
+                e: es[(i + rng.gen_range(0..3)) % 3],
+                cf,
+                lmax,
+                n_layers: rng.gen_range(2..=4),
+            };
+            i += 1;
+            let cost = |s: &Shape| s.e * s.f * s.n_layers * (s.m0() * s.m0() + s.m1() * s.m1());
+            while cost(&s) > BUDGET {
+                if s.n_layers > 2 {
+                    s.n_layers -= 1;
+                } else if s.f > 1 {
+                    s.f -= 1;
+                } else if s.e == 333 {
+                    s.e = 77;
+                } else if s.e == 77 {
+                    s.e = 1;
+                } else {
+                    break;
+                }
+            }
+            v.push((s, rng.gen()));
+        }
+    }
+    v.push((Shape { f: 2, e: 77, cf: 32, lmax: 2, n_layers: 1 }, true));
+    v.push((Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 5 }, false));
+    v
+}
+
+// ----------------------------------------------------------------------
+// correctness against the reference
+// ----------------------------------------------------------------------
+
+#[test]
+fn random_shapes_match_reference() {
+    let name = "random_shapes_match_reference";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    for (shape, apply_alpha) in random_shapes(&mut rng) {
+        let p = Problem::random(&mut rng, shape, apply_alpha);
+        let t0 = Instant::now();
+        let want = p.reference();
+        let ref_ms = t0.elapsed().as_millis();
+
+        let st64 = make_stack::<f64>(&g, &p);
+        let got = run(&g, &st64, &p, &BackwardOptions::relay()).unwrap();
+        check_close(&format!("f64 relay {}", p.describe()), &got, &want);
+        assert_eq!(got.decision.path, Path::Relay);
+
+        let st32 = make_stack::<f32>(&g, &p);
+        let relay = run(&g, &st32, &p, &BackwardOptions::relay()).unwrap();
+        check_close(&format!("f32 relay {}", p.describe()), &relay, &want);
+        let fused = run(&g, &st32, &p, &BackwardOptions::fused()).unwrap();
+        check_close(&format!("f32 fused-requested {}", p.describe()), &fused, &want);
+        let expect_fused = (p.shape.cf as u32) < FUSED_CF_LIMIT;
+        assert_eq!(fused.decision.path == Path::Fused, expect_fused, "{}: {}", p.describe(), fused.decision);
+        if expect_fused && p.shape.n_layers > 1 {
+            assert_eq!(bits(&fused.grad_u0), bits(&relay.grad_u0), "fused != relay bitwise: {}", p.describe());
+        }
+        println!("ok {} (reference {ref_ms} ms, f32 {})", p.describe(), fused.decision);
+    }
+}
+
+#[test]
+fn reference_vectors() {
+    let name = "reference_vectors";
+    let Some(g) = gpu(name) else { return };
+    let dir = std::env::var_os("MIXSTACK_VECTORS_DIR").map(Into::into).unwrap_or_else(vectors::default_dir);
+    let cases = vectors::load_dir(&dir).unwrap_or_else(|e| panic!("loading vectors from {}: {e}", dir.display()));
+    assert!(!cases.is_empty());
+    for c in &cases {
+        let p = Problem {
+            shape: c.shape,
+            apply_alpha: c.apply_alpha,
+            u0: c.u0_f32.clone(),
+            alpha: c.alpha_f32.clone(),
+            w0: c.w0_f32.clone(),
+            w1: c.w1_f32.clone(),
+            gw: c.gw_f32.clone(),
+            grad_out: c.grad_out_f32.clone(),
+        };
+        let want =
+            Expected { out: c.out.clone(), z_all: c.z_all.clone(), grad_u0: c.grad_u0.clone(), grad_alpha: c.grad_alpha.clone() };
+        let st64 = make_stack::<f64>(&g, &p);
+        let got = run(&g, &st64, &p, &BackwardOptions::relay()).unwrap();
+        check_close(&format!("vectors case {} f64 {}", c.index, p.describe()), &got, &want);
+        let st32 = make_stack::<f32>(&g, &p);
+        for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+            let got = run(&g, &st32, &p, &opts).unwrap();
+            check_close(&format!("vectors case {} f32 {}", c.index, p.describe()), &got, &want);
+        }
+        println!("ok vectors case {} {}", c.index, p.describe());
+    }
+}
+
+// ----------------------------------------------------------------------
+// fused == relay, bit for bit, for every accepted tile
+// ----------------------------------------------------------------------
+
+#[test]
+fn fused_bitwise_equals_relay_every_tile() {
+    let name = "fused_bitwise_equals_relay_every_tile";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    for cf in [32u32, 64] {
+        for apply_alpha in [true, false] {
+            let lmax = rng.gen_range(1..=6u32);
+            let shape = Shape { f: 2, e: 333, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
+            let p = Problem::random(&mut rng, shape, apply_alpha);
+            let st = make_stack::<f32>(&g, &p);
+            // Every accepted tile that fits this device at this lmax.
+            let d = st.dispatch();
+            let m0s = d.candidates_at(Stage::BwdFusedM0, Dtype::F32, cf, lmax);
+            let m1s = d.candidates_at(Stage::BwdFusedM1, Dtype::F32, cf, lmax);
+            assert!(!m0s.is_empty() && !m1s.is_empty(), "no usable fused kernels at Cf {cf} lmax {lmax}");
+            let gemms = d.candidates_at(Stage::BwdGemm, Dtype::F32, cf, lmax);
+            let relay = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+            assert_eq!(relay.decision.path, Path::Relay);
+            // Every fused m0 and m1 tile at least once (zip to the longer list).
+            for i in 0..m0s.len().max(m1s.len()) {
+                let (k0, k1) = (m0s[i % m0s.len()], m1s[i % m1s.len()]);
+                let tiles = TileOverride::new().with(Stage::BwdFusedM0, k0.name).with(Stage::BwdFusedM1, k1.name);
+                let fused = run(&g, &st, &p, &BackwardOptions::fused().with_tiles(tiles)).unwrap();
+                assert_eq!(fused.decision.path, Path::Fused, "{}", fused.decision);
+                assert_eq!(st.last_path(), Some(fused.decision));
+                let what = format!("{} with {} + {}", p.describe(), k0.name, k1.name);
+                assert!(bits(&fused.grad_u0) == bits(&relay.grad_u0), "grad_u0 differs bitwise: {what}");
+                assert!(bits(&fused.grad_alpha) == bits(&relay.grad_alpha), "grad_alpha differs bitwise: {what}");
+                let loaded = st.loaded_kernels();
+                assert!(loaded.contains(&k0.name) && loaded.contains(&k1.name), "{what}: loaded {loaded:?}");
+                println!("ok bitwise {what}");
+            }
+            // Relay GEMM tiles change the schedule, never a result.
+            for k in &gemms {
+                let tiles = TileOverride::new().with(Stage::BwdGemm, k.name);
+                let r = run(&g, &st, &p, &BackwardOptions::relay().with_tiles(tiles)).unwrap();
+                assert!(bits(&r.grad_u0) == bits(&relay.grad_u0), "relay {} differs bitwise: {}", k.name, p.describe());
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------
+// dispatch: switch and fallbacks
+// ----------------------------------------------------------------------
+
+#[test]
+fn switch_drives_dispatch() {
+    let name = "switch_drives_dispatch";
+    let Some(g) = gpu(name) else { return };
+    let _env = env_lock();
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 77, cf: 32, lmax: 3, n_layers: 3 }, true);
+    let want = p.reference();
+    let st = make_stack::<f32>(&g, &p);
+    let from_env = BackwardOptions::default();
+    assert_eq!(from_env.fused, FusedMode::FromEnv);
+
+    std::env::remove_var(FUSED_ENV);
+    let r = run(&g, &st, &p, &from_env).unwrap();
+    assert_eq!((r.decision.path, r.decision.reason), (Path::Relay, Reason::NotRequested));
+    check_close("unset", &r, &want);
+
+    for (v, path) in [("0", Path::Relay), ("off", Path::Relay), ("1", Path::Fused), (" Yes ", Path::Fused)] {
+        std::env::set_var(FUSED_ENV, v);
+        let r = run(&g, &st, &p, &from_env).unwrap();
+        assert_eq!(r.decision.path, path, "{FUSED_ENV}={v:?}: {}", r.decision);
+        assert_eq!(st.last_path(), Some(r.decision));
+        check_close(&format!("{FUSED_ENV}={v:?}"), &r, &want);
+    }
+
+    // Explicit modes override the environment.
+    std::env::set_var(FUSED_ENV, "1");
+    let r = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+    assert_eq!((r.decision.path, r.decision.reason), (Path::Relay, Reason::NotRequested));
+    std::env::set_var(FUSED_ENV, "0");
+    let r = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+    assert_eq!((r.decision.path, r.decision.reason), (Path::Fused, Reason::Requested));
+
+    // Garbage is a typed error, not "off".
+    std::env::set_var(FUSED_ENV, "maybe");
+    match run(&g, &st, &p, &from_env) {
+        Err(MixError::InvalidSwitch { value, .. }) => assert_eq!(value, "maybe"),
+        Err(e) => panic!("expected InvalidSwitch, got {e}"),
+        Ok(_) => panic!("expected InvalidSwitch, got Ok"),
+    }
+    std::env::remove_var(FUSED_ENV);
+}
+
+#[test]
+fn fallbacks_with_switch_on() {
+    let name = "fallbacks_with_switch_on";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    for cf in [96usize, 128] {
+        let lmax = rng.gen_range(1..=3);
+        let p = Problem::random(&mut rng, Shape { f: 2, e: 77, cf, lmax, n_layers: 3 }, true);
+        let want = p.reference();
+        let st = make_stack::<f32>(&g, &p);
+        let (plan_decision, plan) = st.backward_plan(&BackwardOptions::fused()).unwrap();
+        assert_eq!(plan_decision.path, Path::Relay);
+        assert!(plan.iter().all(|k| !matches!(k.stage, Stage::BwdFusedM0 | Stage::BwdFusedM1)));
+        let r = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+        assert_eq!(r.decision.path, Path::Relay);
+        assert_eq!(r.decision.reason, Reason::CfTooLarge { cf: cf as u32, limit: FUSED_CF_LIMIT });
+        check_close(&format!("f32 fallback {}", p.describe()), &r, &want);
+    }
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 77, cf: 32, lmax: 2, n_layers: 3 }, true);
+    let want = p.reference();
+    let st = make_stack::<f64>(&g, &p);
+    let r = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+    assert_eq!((r.decision.path, r.decision.reason), (Path::Relay, Reason::Dtype(Dtype::F64)));
+    check_close(&format!("f64 fallback {}", p.describe()), &r, &want);
+}
+
+// ----------------------------------------------------------------------
+// edge cases, errors, memory, raw API, profiling
+// ----------------------------------------------------------------------
+
+#[test]
+fn empty_edges_launch_nothing() {
+    let name = "empty_edges_launch_nothing";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 0, cf: 32, lmax: 3, n_layers: 3 }, true);
+    let st = make_stack::<f32>(&g, &p);
+    st.set_profiling(true);
+    let s = &g.stream;
+    let u0 = upload::<f32>(s, &[]);
+    let alpha = upload::<f32>(s, &[]);
+    let (out, z_all) = st.forward(s, &u0, &alpha, true).unwrap();
+    assert_eq!((out.len(), z_all.len()), (0, 0));
+    for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+        let (gu, ga, d) = st.backward(s, &out, &out, &z_all, &alpha, true, &opts).unwrap();
+        assert_eq!((gu.len(), ga.len()), (0, 0));
+        assert_eq!(st.last_path(), Some(d));
+    }
+    assert!(st.timings().unwrap().is_empty(), "E = 0 launched kernels");
+    assert!(st.loaded_kernels().is_empty(), "E = 0 loaded kernels");
+    assert_eq!(st.last_forward_peak_bytes(), Some(0));
+    assert_eq!(st.last_backward_peak_bytes(), Some(0));
+    // Raw API with E = 0 and null pointers: nothing to do, nothing checked.
+    let null = ForwardPtrs { u0: 0, alpha: 0, out: 0, z_all: 0 };
+    unsafe { st.forward_raw(s, 0, &null, true) }.unwrap();
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let name = "bad_inputs_are_typed_errors";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 5, cf: 32, lmax: 2, n_layers: 3 }, true);
+    let sh = p.stack_shape();
+    let s = &g.stream;
+
+    // Weights.
+    let short = &p.w0[..p.w0.len() - 1];
+    match Stack::<f32>::new(s, sh, short, &p.w1, &p.gw) {
+        Err(MixError::BufferLength { tensor: "w0", expected, got }) => assert_eq!((expected, got), (p.w0.len(), short.len())),
+        other => panic!("w0: {:?}", other.err()),
+    }
+    assert!(matches!(
+        Stack::<f32>::new(s, sh, &p.w0, &p.w0, &p.gw),
+        Err(MixError::BufferLength { tensor: "w1", .. })
+    ));
+    assert!(matches!(
+        Stack::<f32>::new(s, sh, &p.w0, &p.w1, &p.gw[1..]),
+        Err(MixError::BufferLength { tensor: "gw", .. })
+    ));
+    // Shapes.
+    let shape_err = |sh: StackShape| match Stack::<f64>::new(s, sh, &[], &[], &[]) {
+        Err(MixError::UnsupportedShape { param, .. }) => param,
+        other => panic!("{sh:?}: {:?}", other.err()),
+    };
+    assert_eq!(shape_err(StackShape::new(2, 48, 2, 3)), ShapeParam::Cf);
+    assert_eq!(shape_err(StackShape::new(2, 32, 7, 3)), ShapeParam::Lmax);
+    assert_eq!(shape_err(StackShape::new(0, 32, 2, 3)), ShapeParam::F);
+    assert_eq!(shape_err(StackShape::new(2, 32, 2, 0)), ShapeParam::NLayers);
+
+    // Call arguments.
+    let st = make_stack::<f32>(&g, &p);
+    let u0 = upload::<f32>(s, &p.u0);
+    let alpha = upload::<f32>(s, &p.alpha);
+    let go = upload::<f32>(s, &p.grad_out);
+    let odd = upload::<f32>(s, &p.u0[1..]);
+    assert!(matches!(st.forward(s, &odd, &alpha, true), Err(MixError::BufferNotMultiple { tensor: "u0", .. })));
+    let alpha_short = upload::<f32>(s, &p.alpha[1..]);
+    assert!(matches!(st.forward(s, &u0, &alpha_short, true), Err(MixError::BufferLength { tensor: "alpha", .. })));
+    let (out, z_all) = st.forward(s, &u0, &alpha, true).unwrap();
+    let relay = BackwardOptions::relay();
+    assert!(matches!(
+        st.backward(s, &go, &out, &out, &alpha, true, &relay),
+        Err(MixError::BufferLength { tensor: "z_all", .. })
+    ));
+    assert!(matches!(
+        st.backward(s, &go, &z_all, &z_all, &alpha, true, &relay),
+        Err(MixError::BufferLength { tensor: "out", .. })
+    ));
+    assert!(matches!(
+        st.backward(s, &odd, &out, &z_all, &alpha, true, &relay),
+        Err(MixError::BufferNotMultiple { tensor: "grad_out", .. })
+    ));
+    let bad_tile = BackwardOptions::fused().with_tiles(TileOverride::new().with(Stage::BwdFusedM0, "ms_no_such_kernel"));
+    assert!(matches!(st.backward(s, &go, &out, &z_all, &alpha, true, &bad_tile), Err(MixError::BadOverride { .. })));
+    let wrong_stage = Dispatch::builtin().default_for(Stage::BwdGemm, Dtype::F32, 32, 2).unwrap().name;
+    let bad_tile = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdFusedM1, wrong_stage));
+    assert!(matches!(st.backward(s, &go, &out, &z_all, &alpha, true, &bad_tile), Err(MixError::BadOverride { .. })));
+    // Raw API null pointers.
+    let null = ForwardPtrs { u0: 0, alpha: 0, out: 0, z_all: 0 };
+    assert!(matches!(unsafe { st.forward_raw(s, 5, &null, true) }, Err(MixError::NullPointer { tensor: "u0" })));
+
+    // A stream of another context.
+    if let Ok(other) = CudaContext::new_non_primary(0, 0) {
+        let os = other.new_stream().unwrap();
+        assert!(matches!(st.forward(&os, &u0, &alpha, true), Err(MixError::ContextMismatch { what: "stream" })));
+        let foreign = os.clone_htod(&p.u0).unwrap();
+        assert!(matches!(st.forward(s, &foreign, &alpha, true), Err(MixError::ContextMismatch { what: "u0" })));
+        os.synchronize().unwrap();
+    } else {
+        println!("{name}: no non-primary context; context mismatch not exercised");
+    }
+    g.ctx.bind_to_thread().unwrap();
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn memory_accounting() {
+    let name = "memory_accounting";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let shape = Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 };
+    let p = Problem::random(&mut rng, shape, true);
+    let st = make_stack::<f32>(&g, &p);
+    let _ = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+    let b = 4u64;
+    let surf = (shape.f * shape.e * shape.row()) as u64 * b;
+    let sig = (shape.f * shape.e * shape.lg()) as u64 * b;
+    let alpha = (shape.e * shape.f) as u64 * b;
+    let z_all = (shape.n_layers as u64 - 1) * surf;
+    // forward: out + z_all + two u surfaces + sig
+    assert_eq!(st.last_forward_peak_bytes(), Some(surf + z_all + 2 * surf + sig));
+    // relay backward: grad_u0 + grad_alpha + g + sig + gz
+    let relay_peak = st.last_backward_peak_bytes().unwrap();
+    assert_eq!(relay_peak, surf + alpha + surf + sig + surf);
+    let _ = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+    // fused backward: grad_u0 + grad_alpha + g, never sig or gz
+    let fused = st.last_backward_memory().unwrap();
+    assert_eq!(fused.peak_bytes, surf + alpha + surf);
+    assert_eq!(fused.output_bytes, surf + alpha);
+    assert!(fused.peak_bytes < relay_peak);
+    println!("relay peak {relay_peak} B, fused peak {} B, weights {} B", fused.peak_bytes, st.weight_bytes());
+}
+
+#[test]
+fn raw_api_matches_slice_api() {
+    let name = "raw_api_matches_slice_api";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, Shape { f: 3, e: 77, cf: 64, lmax: 2, n_layers: 4 }, true);
+    let s = &g.stream;
+    let st = make_stack::<f32>(&g, &p);
+    for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+        let want = run(&g, &st, &p, &opts).unwrap();
+        let u0 = upload::<f32>(s, &p.u0);
+        let alpha = upload::<f32>(s, &p.alpha);
+        let go = upload::<f32>(s, &p.grad_out);
+        let nan = |n: usize| s.clone_htod(&vec![f32::NAN; n]).unwrap();
+        let (mut out, mut z_all) = (nan(want.out.len()), nan(want.z_all.len()));
+        let (mut gu, mut ga) = (nan(want.grad_u0.len()), nan(want.grad_alpha.len()));
+        let e = p.shape.e;
+        {
+            let (pu, _a) = u0.device_ptr(s);
+            let (pa, _b) = alpha.device_ptr(s);
+            let (pg, _c) = go.device_ptr(s);
+            let (po, _d) = out.device_ptr_mut(s);
+            let (pz, _e) = z_all.device_ptr_mut(s);
+            let fp = ForwardPtrs { u0: pu, alpha: pa, out: po, z_all: pz };
+            unsafe { st.forward_raw(s, e, &fp, true) }.unwrap();
+            assert_eq!(st.last_forward_memory().unwrap().output_bytes, 0);
+            let (pgu, _f) = gu.device_ptr_mut(s);
+            let (pga, _g) = ga.device_ptr_mut(s);
+            let bp = BackwardPtrs { grad_out: pg, out: po, z_all: pz, alpha: pa, grad_u0: pgu, grad_alpha: pga };
+            let d = unsafe { st.backward_raw(s, e, &bp, true, &opts) }.unwrap();
+            assert_eq!(d, want.decision);
+        }
+        assert!(bits(&download(s, &out)) == bits(&want.out), "raw out");
+        assert!(bits(&download(s, &z_all)) == bits(&want.z_all), "raw z_all");
+        assert!(bits(&download(s, &gu)) == bits(&want.grad_u0), "raw grad_u0");
+        assert!(bits(&download(s, &ga)) == bits(&want.grad_alpha), "raw grad_alpha");
+    }
+}
+
+#[test]
+fn profiling_records_each_launch() {
+    let name = "profiling_records_each_launch";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 }, true);
+    let st = make_stack::<f32>(&g, &p);
+    st.set_profiling(true);
+    let _ = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+    let t = st.timings().unwrap();
+    let stages: Vec<Stage> = t.iter().map(|k| k.stage).collect();
+    // forward: 2 gated layers x 3 + 2 final; relay backward: grad_alpha + 2 final + 2 x (1 + 1 + 2)
+    assert_eq!(stages.len(), 8 + 11, "{stages:?}");
+    assert_eq!(stages[0], Stage::FwdM0);
+    assert_eq!(stages[8], Stage::BwdGradAlpha);
+    assert!(t.iter().all(|k| k.ms >= 0.0));
+    let _ = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+    let t = st.timings().unwrap();
+    let fused: Vec<_> = t.iter().filter(|k| matches!(k.stage, Stage::BwdFusedM0 | Stage::BwdFusedM1)).collect();
+    assert_eq!(fused.len(), 4);
+    assert!(!t.iter().any(|k| matches!(k.stage, Stage::BwdRecompute | Stage::BwdPointwise | Stage::BwdGemm)));
+    st.set_profiling(false);
+    let _ = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+    assert!(st.timings().unwrap().is_empty());
+    for k in &t {
+        println!("{:>16} {:>8.4} ms  {}", k.stage.as_str(), k.ms, k.kernel);
+    }
+}
+
+#[test]
+#[ignore]
+fn debug_f64() {
+    let Some(g) = gpu("debug_f64") else { return };
+    let mut rng = rng_for("debug_f64");
+    for (f, e, cf, l, n, aa) in [(1, 1, 32, 1, 1, false), (1, 64, 32, 1, 1, false), (1, 1, 32, 1, 2, false), (2, 77, 32, 2, 3, true), (1,1,64,1,1,false)] {
+        let p = Problem::random(&mut rng, Shape { f, e, cf, lmax: l, n_layers: n }, aa);
+        let want = p.reference();
+        for dt in ["f64", "f32"] {
+            let (out, z, gu, ga) = if dt == "f64" {
+                let st = make_stack::<f64>(&g, &p);
+                let r = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+                (widen(&r.out), widen(&r.z_all), widen(&r.grad_u0), widen(&r.grad_alpha))
+            } else {
+                let st = make_stack::<f32>(&g, &p);
+                let r = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+                (widen(&r.out), widen(&r.z_all), widen(&r.grad_u0), widen(&r.grad_alpha))
+            };
+            println!("{dt} {}: out {:e} z {:e} gu {:e} ga {:e}", p.describe(),
+                reference::rel_err(&out, &want.out), reference::rel_err(&z, &want.z_all),
+                reference::rel_err(&gu, &want.grad_u0), reference::rel_err(&ga, &want.grad_alpha));
+            if dt == "f64" && e == 1 && n == 1 {
+                println!("  got  {:?}", &out[..8]);
+                println!("  want {:?}", &want.out[..8]);
+                let row = p.shape.row();
+                let bad: Vec<usize> = (0..row).filter(|&i| (out[i]-want.out[i]).abs() > 1e-9).collect();
+                println!("  bad cols {} of {}: first {:?}", bad.len(), row, &bad[..bad.len().min(20)]);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn debug_f64_gate() {
+    let Some(g) = gpu("debug_f64_gate") else { return };
+    let mut rng = rng_for("debug_f64_gate");
+    for (f, e, cf, l) in [(1usize, 1usize, 32usize, 1usize), (1, 1, 32, 2), (1, 4, 64, 1)] {
+        let mut p = Problem::random(&mut rng, Shape { f, e, cf, lmax: l, n_layers: 2 }, false);
+        let (n0, n1) = (p.w0.len() / 2, p.w1.len() / 2);
+        p.w0[n0..].iter_mut().for_each(|x| *x = 0.0);
+        p.w1[n1..].iter_mut().for_each(|x| *x = 0.0);
+        let want = p.reference();
+        let st = make_stack::<f64>(&g, &p);
+        let r = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+        let out = widen(&r.out);
+        let row = p.shape.row();
+        let m0 = p.shape.m0();
+        for ei in 0..e {
+            let bad: Vec<usize> = (0..row).filter(|&i| (out[ei*row + i] - want.out[ei*row + i]).abs() > 1e-9).collect();
+            println!("{} edge {ei}: bad {} of {} (M0 = {m0}); bad in m0: {}, in m1: {}, scalar: {}", p.describe(), bad.len(), row,
+                bad.iter().filter(|&&i| i < m0).count(), bad.iter().filter(|&&i| i >= m0).count(), bad.iter().filter(|&&i| i < cf).count());
+            for &i in bad.iter().take(6) {
+                let u0 = p.u0[ei*row + i] as f64;
+                println!("   col {i}: got {} want {} (u0 {u0}, got-u0 {}, want-u0 {})", out[ei*row+i], want.out[ei*row+i], out[ei*row+i]-u0, want.out[ei*row+i]-u0);
+            }
+        }
+    }
+}
