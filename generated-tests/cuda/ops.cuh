@@ -13,8 +13,8 @@ template <> struct Prim<float> {
   static __device__ __forceinline__ float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
   static __device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
   static __device__ __forceinline__ float neg(float a) { return (-a); }
-  static __device__ __forceinline__ float exp(float a) { return expf(a); }
-  static __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+  static __device__ __forceinline__ float exp(float a) { return ::expf(a); }
+  static __device__ __forceinline__ float max(float a, float b) { return ::fmaxf(a, b); }
 };
 
 template <> struct Prim<double> {
@@ -24,8 +24,8 @@ template <> struct Prim<double> {
   static __device__ __forceinline__ double fma(double a, double b, double c) { return __fma_rn(a, b, c); }
   static __device__ __forceinline__ double div(double a, double b) { return __ddiv_rn(a, b); }
   static __device__ __forceinline__ double neg(double a) { return (-a); }
-  static __device__ __forceinline__ double exp(double a) { return exp(a); }
-  static __device__ __forceinline__ double max(double a, double b) { return fmax(a, b); }
+  static __device__ __forceinline__ double exp(double a) { return ::exp(a); }
+  static __device__ __forceinline__ double max(double a, double b) { return ::fmax(a, b); }
 };
 
 // acc + a*b, one rounding: the accumulation step of every dot and GEMM

@@ -269,8 +269,7 @@ impl<'t> Dispatch<'t> {
 
     /// Cf values that have at least one accepted entry for `dtype`.
     pub fn cfs(&self, dtype: Dtype) -> Vec<u32> {
-        let set: BTreeSet<u32> =
-            self.entries.iter().filter(|e| e.dtype == dtype && e.accepted).map(|e| e.cf).collect();
+        let set: BTreeSet<u32> = self.entries.iter().filter(|e| e.dtype == dtype && e.accepted).map(|e| e.cf).collect();
         set.into_iter().collect()
     }
 

@@ -63,8 +63,11 @@ pub fn launch_config(entry: &KernelEntry, e: usize, n: usize, f: usize, lg: usiz
         });
     }
     let smem = dynamic_smem(entry, lg);
-    let smem = u32::try_from(smem)
-        .map_err(|_| MixError::SharedMemory { kernel: entry.name, bytes: smem, limit: u32::MAX as u64 })?;
+    let smem = u32::try_from(smem).map_err(|_| MixError::SharedMemory {
+        kernel: entry.name,
+        bytes: smem,
+        limit: u32::MAX as u64,
+    })?;
     Ok(LaunchConfig { grid_dim: (gx as u32, gy as u32, f as u32), block_dim: (threads, 1, 1), shared_mem_bytes: smem })
 }
 
@@ -180,7 +183,8 @@ impl Kernels {
             return Err(MixError::TableInconsistent { kernel: entry.name, why: "NUL byte in the name".into() });
         }
         let module = self.load_module(entry)?;
-        let func = module.load_function(entry.name).during(|| format!("looking up entry `{}` in its module", entry.name))?;
+        let func =
+            module.load_function(entry.name).during(|| format!("looking up entry `{}` in its module", entry.name))?;
         let smem = dynamic_smem(entry, self.lg);
         if smem > DEFAULT_DYNAMIC_SMEM {
             let optin = self

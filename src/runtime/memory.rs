@@ -2,7 +2,7 @@
 //!
 //! Every buffer a forward/backward call allocates (its outputs and its
 //! scratch: ping-pong surfaces, and on the relay path `sig` and `gz`) goes
-//! through a [`Tracker`], which records current and peak bytes. The result of
+//! through a per-call tracker, which records current and peak bytes. The result of
 //! a call is a [`CallMemory`]:
 //!
 //! - `peak_bytes` is the call's **extra peak**: the most bytes the call held
@@ -18,8 +18,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::element::Element;
 use super::error::{DriverContext, MixError};

@@ -83,7 +83,7 @@ impl StackShape {
         if unit == 0 {
             return Err(MixError::BufferNotMultiple { tensor, got: len, unit, what: "F*ROW" });
         }
-        if len % unit != 0 {
+        if !len.is_multiple_of(unit) {
             return Err(MixError::BufferNotMultiple { tensor, got: len, unit, what: "F*ROW" });
         }
         Ok(len / unit)
@@ -94,9 +94,7 @@ impl StackShape {
     /// elements of `elem_size` bytes.
     pub fn check_edges(&self, e: usize, elem_size: usize) -> Result<(), MixError> {
         let worst = self.z_all_len(e)?.max(self.surface_len(e)?);
-        let bytes = worst
-            .checked_mul(elem_size)
-            .ok_or(MixError::SizeOverflow { e: e as u64, what: "byte size" })?;
+        let bytes = worst.checked_mul(elem_size).ok_or(MixError::SizeOverflow { e: e as u64, what: "byte size" })?;
         if i64::try_from(bytes).is_err() || i64::try_from(e).is_err() {
             return Err(MixError::SizeOverflow { e: e as u64, what: "byte size as i64" });
         }

@@ -521,7 +521,14 @@ impl<T: Element> Stack<T> {
                 let u_next = if k % 2 == 0 { pa } else { pb };
                 let z_k = p.z_all + k as u64 * z_stride;
                 let (o0, o1, og) = self.layer_offsets(k);
-                self.kernels.launch(stream, k_m0, e, m0, f, &[Arg::Ptr(u), Arg::Ptr(w0 + o0), Arg::Ptr(z_k), ea, la])?;
+                self.kernels.launch(
+                    stream,
+                    k_m0,
+                    e,
+                    m0,
+                    f,
+                    &[Arg::Ptr(u), Arg::Ptr(w0 + o0), Arg::Ptr(z_k), ea, la],
+                )?;
                 self.kernels.launch(
                     stream,
                     k_gate,
@@ -603,7 +610,7 @@ impl<T: Element> Stack<T> {
         // chosen so that the last write lands in grad_u0.
         let g_scratch = if gated > 0 { Some(tr.scratch::<T>(sh.surface_len(e)?, "g (ping-pong)")?) } else { None };
         let gs = g_scratch.as_ref().map_or(0, |b| raw_ptr(b, stream));
-        let (mut g, mut g_next) = if gated % 2 == 0 { (p.grad_u0, gs) } else { (gs, p.grad_u0) };
+        let (mut g, mut g_next) = if gated.is_multiple_of(2) { (p.grad_u0, gs) } else { (gs, p.grad_u0) };
 
         // Final identity layer.
         let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1);
@@ -628,7 +635,14 @@ impl<T: Element> Stack<T> {
                     let z_k = p.z_all + k as u64 * z_stride;
                     let (o0, o1, og) = self.layer_offsets(k);
                     let gw_k = gw + og;
-                    self.kernels.launch(stream, k_rec, e, 0, f, &[Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(psig), ea, la])?;
+                    self.kernels.launch(
+                        stream,
+                        k_rec,
+                        e,
+                        0,
+                        f,
+                        &[Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(psig), ea, la],
+                    )?;
                     self.kernels.launch(
                         stream,
                         k_pw,

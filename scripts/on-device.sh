@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over binaries staged by scripts/stage-device.sh:
+# GPU tests, verify, and the benchmarks of BENCH.md. Results under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
+export MIXSTACK_VECTORS="$PWD/vectors"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+date -u | tee -a "$OUT/gpu.txt"
+what=${1:-all}
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  for t in .device/gpu_*; do
+    echo "== $t"; "$t" --test-threads=1 --nocapture 2>&1 | tee "$OUT/$(basename "$t").log" | grep -E "test |SKIPPED|panicked|result|rel|bitwise" | tail -60
+  done
+  echo "== verify"; .device/mixstack verify 2>&1 | tee "$OUT/verify.log" | tail -30
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  shift || true
+  for p in seed cf64 f1; do
+    echo "== bench $p"; .device/mixstack bench --preset "$p" --json "$OUT/bench_$p.json" "$@" 2>&1 | tee "$OUT/bench_$p.log"
+  done
+fi
