@@ -3,10 +3,12 @@
 // math comes from ops.cuh, rendered from specs/ops.yaml.
 //
 // Bit-for-bit contract between the relay and the fused backward:
-//   * every pointwise value goes through the same ms_* element function
-//     below (gate_sig, gate_logit, gz_elem), which call the same op_*;
-//   * every GEMM output element accumulates op_dot_step over k = 0..K-1 in
-//     ascending order starting from zero (mma_chunk), then one op_residual.
+//   * every pointwise value goes through the same functions below
+//     (compute_sig_rows, compute_glogit_rows, compute_gzs_rows, gz_elem),
+//     which call the same op_* in the same order;
+//   * every dot (rows_gemm, mma_chunk) accumulates op_dot_step over
+//     k = 0..K-1 in ascending order starting from zero; a GEMM output then
+//     takes one op_residual.
 // Tile shapes change the schedule, never a result.
 #pragma once
 #include "ops.cuh"
@@ -36,52 +38,75 @@ __device__ __forceinline__ T* smem_at(int byte_offset) {
 }
 
 // ---------------------------------------------------------------------------
-// Element functions shared by relay and fused kernels.
-
-// sigmoid(s . GW[:, c]), j ascending. s: CF values (shared memory).
-template <typename T, int CF>
-__device__ __forceinline__ T gate_sig(const T* s, const T* __restrict__ gw,
-                                      int LG, int c) {
-  T acc = T(0);
-#pragma unroll 8
-  for (int j = 0; j < CF; ++j) acc = op_dot_step<T>(s[j], __ldg(gw + (i64)j * LG + c), acc);
-  return op_sigmoid<T>(acc);
-}
-
-// g_logit of gate channel c (group c / CF) from the group's three subtiles.
-template <typename T, int CF>
-__device__ __forceinline__ T gate_logit(const T* __restrict__ g_row,
-                                        const T* __restrict__ z_row, T sig,
-                                        int L, int c) {
-  const int gr = c / CF, ch = c - gr * CF;
-  const int ca = (1 + gr) * CF + ch;
-  const int cb = (L + 1 + gr) * CF + ch;
-  const int cc = (2 * L + 1 + gr) * CF + ch;
-  const T gs = op_gsig3<T>(g_row[ca], z_row[ca], g_row[cb], z_row[cb], g_row[cc], z_row[cc]);
-  return op_glogit<T>(gs, sig);
-}
-
-// gz at column col of one row. sig_row / glog_row: LG values (shared).
-// col < CF: the scalar chain, silu' plus the gate path, c ascending.
-template <typename T, int CF>
-__device__ __forceinline__ T gz_elem(const T* __restrict__ g_row,
-                                     const T* __restrict__ z_row,
-                                     const T* sig_row, const T* glog_row,
-                                     const T* __restrict__ gw, int L, int LG,
-                                     int col) {
-  if (col < CF) {
-    T acc = T(0);
-#pragma unroll 8
-    for (int c = 0; c < LG; ++c)
-      acc = op_dot_step<T>(glog_row[c], __ldg(gw + (i64)col * LG + c), acc);
-    return op_residual<T>(op_dsilu_mul<T>(g_row[col], z_row[col]), acc);
+// 16-byte vector loads and stores: float4 / double2.
+template <typename T> struct Vec;
+template <> struct Vec<float> {
+  static constexpr int W = 4;
+  static __device__ __forceinline__ void load(const float* p, float* d) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
   }
-  const int r = col / CF, ch = col - r * CF;
-  return op_gate<T>(g_row[col], sig_row[group_of(r, L) * CF + ch]);
-}
+  static __device__ __forceinline__ void ldg(const float* p, float* d) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+  }
+  static __device__ __forceinline__ void store(float* p, const float* s) {
+    *reinterpret_cast<float4*>(p) = make_float4(s[0], s[1], s[2], s[3]);
+  }
+};
+template <> struct Vec<double> {
+  static constexpr int W = 2;
+  static __device__ __forceinline__ void load(const double* p, double* d) {
+    const double2 v = *reinterpret_cast<const double2*>(p);
+    d[0] = v.x; d[1] = v.y;
+  }
+  static __device__ __forceinline__ void ldg(const double* p, double* d) {
+    const double2 v = __ldg(reinterpret_cast<const double2*>(p));
+    d[0] = v.x; d[1] = v.y;
+  }
+  static __device__ __forceinline__ void store(double* p, const double* s) {
+    *reinterpret_cast<double2*>(p) = make_double2(s[0], s[1]);
+  }
+};
 
 // ---------------------------------------------------------------------------
-// Row-tile helpers (rows e0 .. e0+ROWS of focus f).
+// Row-tile contractions shared by relay and fused kernels.
+//
+// rows_gemm: for m < ROWS, n < N: epi(m, n, sum_k A[m*lda + k] * B[k*N + n]),
+// k ascending from zero. A in shared memory, B row-major in global memory
+// (N a multiple of 4). Each thread owns a 4-row x 4-column register tile:
+// one vector load of B and four broadcast loads of A feed 16 FMAs.
+template <typename T, int ROWS, int THREADS, typename Epi>
+__device__ __forceinline__ void rows_gemm(const T* A, int lda, const T* __restrict__ B,
+                                          int K, int N, Epi epi) {
+  static_assert(ROWS % 4 == 0, "rows_gemm works on 4-row groups");
+  constexpr int W = Vec<T>::W;
+  const int ncol = N / 4;
+  for (int it = threadIdx.x; it < (ROWS / 4) * ncol; it += THREADS) {
+    const int m0 = (it / ncol) * 4, n0 = (it - (it / ncol) * ncol) * 4;
+    T acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+      T a[4], b[4];
+#pragma unroll
+      for (int j = 0; j < 4; j += W) Vec<T>::ldg(B + (i64)k * N + n0 + j, b + j);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = A[(m0 + i) * lda + k];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = op_dot_step<T>(a[i], b[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) epi(m0 + i, n0 + j, acc[i][j]);
+  }
+}
 
 // s_sh[m][j] = z[e][j] (the scalar slice), zero past E.
 template <typename T, int CF, int ROWS, int THREADS>
@@ -94,17 +119,15 @@ __device__ __forceinline__ void load_scalar_rows(T* s_sh, const T* __restrict__ 
   }
 }
 
-// sig_sh[m][c] = gate_sig(s_sh[m], c) for every gate channel.
+// sig_sh[m][c] = sigmoid(s . GW[:, c]): the gate recompute of every kernel.
 template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void compute_sig_rows(T* sig_sh, const T* s_sh,
                                                  const T* __restrict__ gwf, int LG) {
-  for (int idx = threadIdx.x; idx < ROWS * LG; idx += THREADS) {
-    const int m = idx / LG, c = idx - m * LG;
-    sig_sh[idx] = gate_sig<T, CF>(s_sh + m * CF, gwf, LG, c);
-  }
+  rows_gemm<T, ROWS, THREADS>(s_sh, CF, gwf, CF, LG,
+                              [&](int m, int c, T acc) { sig_sh[m * LG + c] = op_sigmoid<T>(acc); });
 }
 
-// glog_sh[m][c] = gate_logit(row m, c); zero past E.
+// glog_sh[m][c]: gradient of gate logit c from the group's three subtiles.
 template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
                                                     const T* __restrict__ gf,
@@ -113,30 +136,44 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
   for (int idx = threadIdx.x; idx < ROWS * LG; idx += THREADS) {
     const int m = idx / LG, c = idx - m * LG;
     const i64 e = e0 + m;
-    glog_sh[idx] = e < E ? gate_logit<T, CF>(gf + e * ROW, zf + e * ROW, sig_sh[idx], L, c) : T(0);
+    if (e >= E) {
+      glog_sh[idx] = T(0);
+      continue;
+    }
+    const int gr = c / CF, ch = c - gr * CF;
+    const T* g_row = gf + e * ROW;
+    const T* z_row = zf + e * ROW;
+    const int ca = (1 + gr) * CF + ch;
+    const int cb = (L + 1 + gr) * CF + ch;
+    const int cc = (2 * L + 1 + gr) * CF + ch;
+    const T gs = op_gsig3<T>(g_row[ca], z_row[ca], g_row[cb], z_row[cb], g_row[cc], z_row[cc]);
+    glog_sh[idx] = op_glogit<T>(gs, sig_sh[idx]);
   }
 }
 
-// ---------------------------------------------------------------------------
-// Block GEMM: one BM x BN tile of C = epi(A @ B), A given element-wise by
-// a_at(m, e, k), B row-major K x N in global memory, K a multiple of BK.
+// gzs_sh[m][j] = g_s * silu'(s) + sum_c glog[m][c] * GW[j][c] (c ascending,
+// GW read transposed): the scalar chain.
+template <typename T, int CF, int ROWS, int THREADS>
+__device__ __forceinline__ void compute_gzs_rows(T* gzs_sh, const T* glog_sh,
+                                                 const T* __restrict__ gwtf,
+                                                 const T* __restrict__ gf,
+                                                 const T* __restrict__ zf,
+                                                 i64 e0, i64 E, int LG, int ROW) {
+  rows_gemm<T, ROWS, THREADS>(glog_sh, LG, gwtf, LG, CF, [&](int m, int j, T acc) {
+    const i64 e = e0 + m;
+    gzs_sh[m * CF + j] =
+        e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], zf[e * ROW + j]), acc) : T(0);
+  });
+}
 
-// 16-byte shared-memory loads: float4 / double2.
-template <typename T> struct Vec;
-template <> struct Vec<float> {
-  static constexpr int W = 4;
-  static __device__ __forceinline__ void load(const float* p, float* d) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
-  }
-};
-template <> struct Vec<double> {
-  static constexpr int W = 2;
-  static __device__ __forceinline__ void load(const double* p, double* d) {
-    const double2 v = *reinterpret_cast<const double2*>(p);
-    d[0] = v.x; d[1] = v.y;
-  }
-};
+// gz at column col of row m: the scalar chain (precomputed) or a gated subtile.
+template <typename T, int CF>
+__device__ __forceinline__ T gz_elem(const T* __restrict__ g_row, const T* sig_row,
+                                     const T* gzs_row, int L, int col) {
+  if (col < CF) return gzs_row[col];
+  const int r = col / CF, ch = col - r * CF;
+  return op_gate<T>(g_row[col], sig_row[group_of(r, L) * CF + ch]);
+}
 
 // A thread owns TM x TN outputs in 16-byte groups spread over the tile
 // (row i: group i/W at stride TY*W), so one warp's vector loads from
@@ -173,11 +210,19 @@ __device__ __forceinline__ void mma_chunk(T (&acc)[TM][TN], const T* As, const T
   }
 }
 
+// Block GEMM: one BM x BN tile of C = epi(A @ B), A given element-wise by
+// a_at(m, e, k), B row-major K x N in global memory, K a multiple of BK.
+// The next K chunk is loaded into registers while this one computes, then
+// stored to the other shared stage. The tile leaves through shared memory
+// so that epi's global accesses are coalesced.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD, int SMEM_A,
-          int SMEM_B, typename AAt, typename Epi>
+          int SMEM_B, int SMEM_C, typename AAt, typename Epi>
 __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
                                            const T* __restrict__ B, AAt a_at, Epi epi) {
   typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
+  constexpr int A_STAGE = BK * TL::AS, B_STAGE = BK * BN;
+  constexpr int AL = BM * BK / TL::THREADS, BL = BK * BN / TL::THREADS;
+  static_assert(BM * BK % TL::THREADS == 0 && BK * BN % TL::THREADS == 0, "uneven chunk loads");
   T* As = smem_at<T>(SMEM_A);
   T* Bs = smem_at<T>(SMEM_B);
   const int tid = threadIdx.x;
@@ -185,36 +230,61 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
   const i64 e0 = (i64)blockIdx.x * BM;
   const int n0 = blockIdx.y * BN;
 
+  T ra[AL], rb[BL];
+  auto fetch = [&](int k0) {
+#pragma unroll
+    for (int r = 0; r < AL; ++r) {
+      const int idx = tid + r * TL::THREADS, m = idx / BK, kk = idx - m * BK;
+      const i64 e = e0 + m;
+      ra[r] = e < E ? a_at(m, e, k0 + kk) : T(0);
+    }
+#pragma unroll
+    for (int r = 0; r < BL; ++r) {
+      const int idx = tid + r * TL::THREADS, kk = idx / BN, n = idx - kk * BN;
+      rb[r] = n0 + n < N ? __ldg(B + (i64)(k0 + kk) * N + n0 + n) : T(0);
+    }
+  };
+  auto stash = [&](int stage) {
+#pragma unroll
+    for (int r = 0; r < AL; ++r) {
+      const int idx = tid + r * TL::THREADS, m = idx / BK, kk = idx - m * BK;
+      As[stage * A_STAGE + kk * TL::AS + m] = ra[r];
+    }
+#pragma unroll
+    for (int r = 0; r < BL; ++r) Bs[stage * B_STAGE + tid + r * TL::THREADS] = rb[r];
+  };
+
   T acc[TM][TN];
 #pragma unroll
   for (int i = 0; i < TM; ++i)
 #pragma unroll
     for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
 
+  fetch(0);
+  stash(0);
+  __syncthreads();
+  int stage = 0;
   for (int k0 = 0; k0 < K; k0 += BK) {
-    for (int idx = tid; idx < BM * BK; idx += TL::THREADS) {
-      const int m = idx / BK, kk = idx - m * BK;
-      const i64 e = e0 + m;
-      As[kk * TL::AS + m] = e < E ? a_at(m, e, k0 + kk) : T(0);
-    }
-    for (int idx = tid; idx < BK * BN; idx += TL::THREADS) {
-      const int kk = idx / BN, n = idx - kk * BN;
-      Bs[idx] = n0 + n < N ? __ldg(B + (i64)(k0 + kk) * N + n0 + n) : T(0);
-    }
+    const bool more = k0 + BK < K;
+    if (more) fetch(k0 + BK);
+    mma_chunk<T, BM, BN, BK, TM, TN, APAD>(acc, As + stage * A_STAGE, Bs + stage * B_STAGE, ty, tx);
+    if (more) stash(stage ^ 1);
     __syncthreads();
-    mma_chunk<T, BM, BN, BK, TM, TN, APAD>(acc, As, Bs, ty, tx);
-    __syncthreads();
+    stage ^= 1;
   }
 
+  // Out through shared memory (aliases the A/B stages: all reads are done).
+  constexpr int CS = BN + APAD;
+  T* Cs = smem_at<T>(SMEM_C);
 #pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const i64 e = e0 + TL::row(ty, i);
-    if (e >= E) continue;
+  for (int i = 0; i < TM; ++i)
 #pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int n = n0 + TL::col(tx, j);
-      if (n < N) epi(e, n, acc[i][j]);
-    }
+    for (int j = 0; j < TN; j += TL::W) Vec<T>::store(Cs + TL::row(ty, i) * CS + TL::col(tx, j), &acc[i][j]);
+  __syncthreads();
+  for (int idx = tid; idx < BM * BN; idx += TL::THREADS) {
+    const int m = idx / BN, n = idx - m * BN;
+    const i64 e = e0 + m;
+    if (e < E && n0 + n < N) epi(e, n0 + n, Cs[m * CS + n]);
   }
 }
 

@@ -21,7 +21,7 @@ __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restr
   const int f = blockIdx.z;
   const T* uf = u + (i64)f * E * d.ROW;
   T* zf = z + (i64)f * E * d.ROW;
-  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, d.M0, d.M0, w0 + (i64)f * d.M0 * d.M0,
       [&](int, i64 e, int k) { return uf[e * d.ROW + k]; },
       [&](i64 e, int n, T acc) { zf[e * d.ROW + n] = acc; });
@@ -73,7 +73,7 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
   const i64 base = (i64)f * E * d.ROW;
   const T* uf = u + base;
   const T* sigf = sig + (i64)f * E * d.LG;
-  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1,
       [&](int, i64 e, int k) { return uf[e * d.ROW + d.M0 + k]; },
       [&](i64 e, int n, T acc) {
@@ -93,7 +93,7 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
   const int f = blockIdx.z, F = gridDim.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const T* uf = u + (i64)f * E * d.ROW + off;
-  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, w + (i64)f * K * K,
       [&](int, i64 e, int k) { return uf[e * d.ROW + k]; },
       [&](i64 e, int n, T acc) {
@@ -142,7 +142,7 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
     return apply_alpha ? op_alpha_scale<T>(x, alpha[e * F + f]) : x;
   };
   T* gf = g + (i64)f * E * d.ROW + off;
-  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return ga(e, k); },
       [&](i64 e, int n, T acc) { gf[e * d.ROW + n] = op_residual<T>(ga(e, n), acc); });
 }
@@ -155,13 +155,15 @@ __device__ __forceinline__ void bwd_recompute(const T* __restrict__ z, const T* 
   const int f = blockIdx.z;
   const i64 e0 = (i64)blockIdx.x * ROWS;
   T* s_sh = smem_at<T>(S::s_rows);
+  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
   load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + (i64)f * E * d.ROW, e0, E, d.ROW);
   __syncthreads();
-  const T* gwf = gw + (i64)f * CF * d.LG;
+  compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
+  __syncthreads();
   T* sigf = sig + (i64)f * E * d.LG;
   for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
-    const int m = idx / d.LG, c = idx - m * d.LG;
-    if (e0 + m < E) sigf[(e0 + m) * d.LG + c] = gate_sig<T, CF>(s_sh + m * CF, gwf, d.LG, c);
+    const int m = idx / d.LG;
+    if (e0 + m < E) sigf[e0 * d.LG + idx] = sig_sh[idx];
   }
 }
 
@@ -169,7 +171,7 @@ __device__ __forceinline__ void bwd_recompute(const T* __restrict__ z, const T* 
 template <typename T, int CF, int ROWS, int THREADS, typename S>
 __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* __restrict__ z,
                                               const T* __restrict__ sig,
-                                              const T* __restrict__ gw, T* __restrict__ gz,
+                                              const T* __restrict__ gwt, T* __restrict__ gz,
                                               i64 E, int L) {
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
@@ -178,22 +180,23 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
   const T* gf = g + base;
   const T* zf = z + base;
   const T* sigf = sig + (i64)f * E * d.LG;
-  const T* gwf = gw + (i64)f * CF * d.LG;
+  T* gzs_sh = smem_at<T>(S::gzs_rows);
   T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
   T* glog_sh = per_lg_rows<T, S, ROWS>(S::glog_slot, d.LG);
   for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
-    const int m = idx / d.LG, c = idx - m * d.LG;
-    sig_sh[idx] = e0 + m < E ? sigf[(e0 + m) * d.LG + c] : T(0);
+    const int m = idx / d.LG;
+    sig_sh[idx] = e0 + m < E ? sigf[e0 * d.LG + idx] : T(0);
   }
   __syncthreads();
   compute_glogit_rows<T, CF, ROWS, THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW);
+  __syncthreads();
+  compute_gzs_rows<T, CF, ROWS, THREADS>(gzs_sh, glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
   __syncthreads();
   for (int idx = threadIdx.x; idx < ROWS * d.ROW; idx += THREADS) {
     const int m = idx / d.ROW, col = idx - m * d.ROW;
     const i64 e = e0 + m;
     if (e >= E) continue;
-    gz[base + e * d.ROW + col] = gz_elem<T, CF>(gf + e * d.ROW, zf + e * d.ROW, sig_sh + m * d.LG,
-                                                glog_sh + m * d.LG, gwf, L, d.LG, col);
+    gz[base + e * d.ROW + col] = gz_elem<T, CF>(gf + e * d.ROW, sig_sh + m * d.LG, gzs_sh + m * CF, L, col);
   }
 }
 
@@ -206,7 +209,7 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
   const int f = blockIdx.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const i64 base = (i64)f * E * d.ROW + off;
-  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return gz[base + e * d.ROW + k]; },
       [&](i64 e, int n, T acc) {
         g_next[base + e * d.ROW + n] = op_residual<T>(g[base + e * d.ROW + n], acc);
@@ -214,13 +217,16 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
 }
 
 // Fused: one segment of g_next = g + gz_seg @ W_seg^T with gz formed per K
-// tile (BLOCK_K == Cf: one subtile) by gz_elem, never stored. SEG 0 (m = 0,
-// subtiles 0..L, subtile 0 carries the scalar chain) needs sig and g_logit
-// of the whole row; SEG 1 (|m| = 1, subtiles L+1..3L) needs sig only.
+// tile (BLOCK_K == Cf: one subtile) by gz_elem, never stored. The prologue
+// computes what the relay's recompute and pointwise kernels compute, with
+// the same functions: SEG 0 (m = 0, subtiles 0..L; subtile 0 is the scalar
+// chain) needs sig, g_logit and the scalar chain; SEG 1 (|m| = 1, subtiles
+// L+1..3L) needs sig only.
 template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, typename S, int SEG>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
-                                          const T* __restrict__ gw, const T* __restrict__ wt,
-                                          T* __restrict__ g_next, i64 E, int L) {
+                                          const T* __restrict__ gw, const T* __restrict__ gwt,
+                                          const T* __restrict__ wt, T* __restrict__ g_next,
+                                          i64 E, int L) {
   static_assert(BK == CF, "fused backward: one K tile is one subtile (BLOCK_K == Cf)");
   typedef Tile<T, BM, BN, BK, TM, TN, S::apad> TL;
   const Dims d = dims<CF>(L);
@@ -230,23 +236,25 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
   const i64 base = (i64)f * E * d.ROW;
   const T* gf = g + base;
   const T* zf = z + base;
-  const T* gwf = gw + (i64)f * CF * d.LG;
   T* s_sh = smem_at<T>(S::s_rows);
   T* sig_sh = per_lg_rows<T, S, BM>(S::sig_slot, d.LG);
-  T* glog_sh = SEG ? nullptr : per_lg_rows<T, S, BM>(S::glog_slot, d.LG);
   load_scalar_rows<T, CF, BM, TL::THREADS>(s_sh, zf, e0, E, d.ROW);
   __syncthreads();
-  compute_sig_rows<T, CF, BM, TL::THREADS>(sig_sh, s_sh, gwf, d.LG);
+  compute_sig_rows<T, CF, BM, TL::THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
   __syncthreads();
-  if (!SEG) {
+  T* gzs_sh = nullptr;
+  if constexpr (SEG == 0) {
+    gzs_sh = smem_at<T>(S::gzs_rows);
+    T* glog_sh = per_lg_rows<T, S, BM>(S::glog_slot, d.LG);
     compute_glogit_rows<T, CF, BM, TL::THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW);
     __syncthreads();
+    compute_gzs_rows<T, CF, BM, TL::THREADS>(gzs_sh, glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
+    __syncthreads();
   }
-  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile>(
+  gemm_block<T, BM, BN, BK, TM, TN, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K,
       [&](int m, i64 e, int k) {
-        return gz_elem<T, CF>(gf + e * d.ROW, zf + e * d.ROW, sig_sh + m * d.LG,
-                              SEG ? nullptr : glog_sh + m * d.LG, gwf, L, d.LG, off + k);
+        return gz_elem<T, CF>(gf + e * d.ROW, sig_sh + m * d.LG, gzs_sh + m * CF, L, off + k);
       },
       [&](i64 e, int n, T acc) {
         const i64 at = base + e * d.ROW + off + n;

@@ -11,6 +11,8 @@ struct Smem {
   static constexpr int a_tile = -1;
   static constexpr int b_tile = -1;
   static constexpr int s_rows = -1;
+  static constexpr int gzs_rows = -1;
+  static constexpr int c_tile = -1;
   static constexpr int fixed = 0;
   static constexpr int sig_slot = -1;
   static constexpr int glog_slot = -1;

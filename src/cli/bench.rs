@@ -3,7 +3,7 @@
 //! breakdown, extra peak memory and a bitwise relay-vs-fused check.
 
 use super::CliResult;
-use mixstack::runtime::{open_device, BackwardOptions, CallMemory, FusedMode, Path, Stack, StackShape, TileOverride};
+use mixstack::runtime::{open_device, BackwardOptions, CallMemory, Path, Stack, StackShape};
 use rand::{rngs::StdRng as SmallRng, Rng, SeedableRng};
 use serde::Serialize;
 use std::sync::Arc;
@@ -30,10 +30,11 @@ pub struct BenchArgs {
     /// Timed repetitions per path (after warm-up).
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
-    /// Time these fused tile configs too (canonical names, comma-separated
-    /// pairs m0:m1), e.g. for a tile sweep.
-    #[arg(long)]
-    pub fused_tiles: Vec<String>,
+    /// Backward variants to time side by side (default: relay, fused). A
+    /// variant is `relay` or `fused`, optionally with kernel overrides:
+    /// `fused:bwd_fused_m0=NAME,bwd_fused_m1=NAME` (canonical names).
+    #[arg(long = "variant")]
+    pub variants: Vec<String>,
     /// Write the results as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -147,7 +148,7 @@ pub fn run_default() -> CliResult {
             layers: None,
             no_alpha: false,
             reps: 20,
-            fused_tiles: vec![],
+            variants: vec![],
             json: None,
         }),
         Err(e) => {
@@ -250,17 +251,8 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let (out, z_all) = saved.ok_or("no forward ran")?;
 
     // backward variants, interleaved per repetition
-    let mut variants: Vec<(String, BackwardOptions)> = vec![
-        ("relay".into(), BackwardOptions::relay()),
-        ("fused".into(), BackwardOptions::fused()),
-    ];
-    for pair in &args.fused_tiles {
-        let (a, b) = pair.split_once(':').ok_or_else(|| format!("--fused-tiles wants M0_NAME:M1_NAME, got '{pair}'"))?;
-        let tiles = TileOverride::new()
-            .with(mixstack::kinds::Stage::BwdFusedM0, a)
-            .with(mixstack::kinds::Stage::BwdFusedM1, b);
-        variants.push((format!("fused[{a}|{b}]"), BackwardOptions { fused: FusedMode::On, tiles }));
-    }
+    let specs = if args.variants.is_empty() { vec!["relay".to_string(), "fused".to_string()] } else { args.variants.clone() };
+    let variants: Vec<(String, BackwardOptions)> = specs.iter().map(|v| parse_variant(v)).collect::<Result<_, _>>()?;
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut paths = vec![Path::Relay; variants.len()];
     for i in 0..warmup + args.reps {
@@ -288,8 +280,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
         results.push((d.path, stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?));
         backward.push(summarise(label, paths[v].as_str(), times[v].clone(), w.backward_flops(), w.backward_bytes(), mem, kernels));
     }
-    let bitwise = (results[1].0 == Path::Fused).then(|| {
-        results.iter().skip(1).filter(|r| r.0 == Path::Fused).all(|r| {
+    // Every variant against the first (all must agree bit for bit).
+    let any_fused = results.iter().any(|r| r.0 == Path::Fused);
+    let bitwise = (any_fused && results.len() > 1).then(|| {
+        results.iter().skip(1).all(|r| {
             r.1.iter().zip(&results[0].1).all(|(a, b)| a.to_bits() == b.to_bits())
                 && r.2.iter().zip(&results[0].2).all(|(a, b)| a.to_bits() == b.to_bits())
         })
@@ -299,11 +293,11 @@ pub fn run(args: &BenchArgs) -> CliResult {
     for t in &backward {
         print_timing(t);
     }
-    if backward.len() > 1 && backward[1].path == "fused" {
-        println!("fused / relay backward median: {:.3}", backward[1].median_ms / backward[0].median_ms);
+    for t in backward.iter().skip(1) {
+        println!("{} / {} backward median: {:.3}", t.label, backward[0].label, t.median_ms / backward[0].median_ms);
     }
     match bitwise {
-        Some(b) => println!("fused vs relay bitwise (grad_u0, grad_alpha, every element): {}", if b { "EQUAL" } else { "DIFFERENT" }),
+        Some(b) => println!("every variant vs {} bitwise (grad_u0, grad_alpha, every element): {}", backward[0].label, if b { "EQUAL" } else { "DIFFERENT" }),
         None => println!("fused path not taken for this workload: relay only"),
     }
     let report = BenchReport { device, workload: w, seed, forward, backward, fused_bitwise_equal_to_relay: bitwise };
@@ -315,6 +309,22 @@ pub fn run(args: &BenchArgs) -> CliResult {
         return Err("fused backward is not bitwise equal to the relay".into());
     }
     Ok(())
+}
+
+/// `relay` | `fused` [`:STAGE=NAME,...`].
+fn parse_variant(v: &str) -> Result<(String, BackwardOptions), String> {
+    let (path, overrides) = v.split_once(':').unwrap_or((v, ""));
+    let mut opts = match path {
+        "relay" => BackwardOptions::relay(),
+        "fused" => BackwardOptions::fused(),
+        other => return Err(format!("variant '{v}': path '{other}' is not relay or fused")),
+    };
+    for kv in overrides.split(',').filter(|s| !s.is_empty()) {
+        let (stage, name) = kv.split_once('=').ok_or_else(|| format!("variant '{v}': '{kv}' is not STAGE=NAME"))?;
+        let stage = mixstack::kinds::Stage::parse(stage).ok_or_else(|| format!("variant '{v}': unknown stage '{stage}'"))?;
+        opts.tiles.set(stage, name);
+    }
+    Ok((v.to_string(), opts))
 }
 
 fn kernel_rows(stack: &Stack<f32>) -> Result<Vec<(String, String, f64)>, Box<dyn std::error::Error>> {

@@ -124,6 +124,14 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
         if block_k == 0 || cf % block_k != 0 {
             return Some(format!("BLOCK_K {block_k} does not divide Cf {cf}"));
         }
+        // The K-chunk prefetch gives every thread the same number of loads.
+        let (threads, bm, bn) = match *g {
+            Geometry::Gemm { block_m, bn, .. } => (g.threads(), block_m, bn),
+            _ => unreachable!(),
+        };
+        if (bm * block_k) % threads != 0 || (block_k * bn) % threads != 0 {
+            return Some(format!("{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"));
+        }
     }
     let smem = lay.bytes(cf, lmax_min);
     if smem > SM90_MAX_SMEM {

@@ -17,6 +17,10 @@ pub struct Layout {
     pub a_tile: Option<u32>,
     pub b_tile: Option<u32>,
     pub s_rows: Option<u32>,
+    pub gzs_rows: Option<u32>,
+    /// GEMM output tile, staged for coalesced epilogues; aliases the fixed
+    /// buffers above (dead by then), never the per-LG ones.
+    pub c_tile: Option<u32>,
     /// Bytes of the fixed part.
     pub fixed: u32,
     /// Per-LG buffers follow `fixed`, slot i at `fixed + i * rows*LG*size`.
@@ -49,6 +53,8 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         a_tile: None,
         b_tile: None,
         s_rows: None,
+        gzs_rows: None,
+        c_tile: None,
         fixed: 0,
         sig_slot: None,
         glog_slot: None,
@@ -56,13 +62,19 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     };
     for b in bufs {
         match b {
-            SmemBuf::ATile => l.a_tile = place(bk * (bm + apad) * sz),
-            SmemBuf::BTile => l.b_tile = place(bk * bn * sz),
+            // Two stages each: the next K chunk is stored while this one computes.
+            SmemBuf::ATile => l.a_tile = place(2 * bk * (bm + apad) * sz),
+            SmemBuf::BTile => l.b_tile = place(2 * bk * bn * sz),
             SmemBuf::SRows => l.s_rows = place(rows * cf * sz),
+            SmemBuf::GzsRows => l.gzs_rows = place(rows * cf * sz),
             _ => {}
         }
     }
     l.fixed = at;
+    if matches!(g, Geometry::Gemm { .. }) {
+        l.c_tile = Some(0);
+        l.fixed = l.fixed.max(align16(bm * (bn + apad) * sz));
+    }
     let mut slots = 0u32;
     for b in bufs {
         match b {

@@ -167,6 +167,8 @@ impl Renderer {
             ("a_tile", opt(l.a_tile)),
             ("b_tile", opt(l.b_tile)),
             ("s_rows", opt(l.s_rows)),
+            ("gzs_rows", opt(l.gzs_rows)),
+            ("c_tile", opt(l.c_tile)),
             ("fixed", l.fixed.into()),
             ("sig_slot", opt(l.sig_slot)),
             ("glog_slot", opt(l.glog_slot)),

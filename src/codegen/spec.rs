@@ -74,6 +74,7 @@ pub enum SmemBuf {
     ATile,
     BTile,
     SRows,
+    GzsRows,
     SigRows,
     GlogitRows,
 }

@@ -105,6 +105,9 @@ pub struct Stack<T: Element> {
     wt1: CudaSlice<T>,
     /// `None` when n_layers == 1 (no gated layer).
     gw: Option<CudaSlice<T>>,
+    /// gwt[k][f][c][j] = GW[k][f][j][c]: the gate-logit contraction reads
+    /// it along j, coalesced.
+    gwt: Option<CudaSlice<T>>,
     kernels: Kernels,
     last_path: Mutex<Option<PathDecision>>,
     last_forward: Mutex<Option<CallMemory>>,
@@ -118,6 +121,20 @@ fn transpose_blocks<T: Copy>(w: &[T], n: usize) -> Vec<T> {
     for blk in w.chunks_exact(n * n) {
         for o in 0..n {
             out.extend((0..n).map(|i| blk[i * n + o]));
+        }
+    }
+    out
+}
+
+/// The transpose of every rows x cols block (rows*cols elements each).
+fn transpose_rect_blocks<T: Copy>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(w.len());
+    if rows * cols == 0 {
+        return out;
+    }
+    for blk in w.chunks_exact(rows * cols) {
+        for c in 0..cols {
+            out.extend((0..rows).map(|r| blk[r * cols + c]));
         }
     }
     out
@@ -175,6 +192,8 @@ impl<T: Element> Stack<T> {
         let wt0_d = up("wt0", &wt0_host)?;
         let wt1_d = up("wt1", &wt1_host)?;
         let gw_d = if gw.is_empty() { None } else { Some(up("gw", gw)?) };
+        let gwt_host = transpose_rect_blocks(gw, shape.cf, shape.lg());
+        let gwt_d = if gw.is_empty() { None } else { Some(up("gwt", &gwt_host)?) };
         stream.synchronize().during(|| "waiting for the weight upload".into())?;
 
         Ok(Stack {
@@ -187,6 +206,7 @@ impl<T: Element> Stack<T> {
             wt0: wt0_d,
             wt1: wt1_d,
             gw: gw_d,
+            gwt: gwt_d,
             last_path: Mutex::new(None),
             last_forward: Mutex::new(None),
             last_backward: Mutex::new(None),
@@ -203,11 +223,11 @@ impl<T: Element> Stack<T> {
     pub fn dispatch(&self) -> Dispatch<'static> {
         self.dispatch
     }
-    /// Device bytes held by the stack itself: W0, W1, their transposes, GW.
+    /// Device bytes held by the stack itself: W0, W1, GW and their transposes.
     pub fn weight_bytes(&self) -> u64 {
         let sz = std::mem::size_of::<T>() as u64;
         let gw = self.gw.as_ref().map_or(0, |g| g.len() as u64);
-        (2 * self.w0.len() as u64 + 2 * self.w1.len() as u64 + gw) * sz
+        (2 * self.w0.len() as u64 + 2 * self.w1.len() as u64 + 2 * gw) * sz
     }
 
     /// Path decision of the last backward call (`None` before the first).
@@ -587,6 +607,8 @@ impl<T: Element> Stack<T> {
         let (wt1, _r1) = self.wt1.device_ptr(stream);
         let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
         let gw = gw_guard.as_ref().map_or(0, |(p, _)| *p);
+        let gwt_guard = self.gwt.as_ref().map(|g| g.device_ptr(stream));
+        let gwt = gwt_guard.as_ref().map_or(0, |(p, _)| *p);
 
         // grad_alpha
         if apply_alpha {
@@ -649,7 +671,7 @@ impl<T: Element> Stack<T> {
                         e,
                         0,
                         f,
-                        &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(gw_k), Arg::Ptr(pgz), ea, la],
+                        &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(gwt + og), Arg::Ptr(pgz), ea, la],
                     )?;
                     for (seg, wt, n) in [(0, wt0 + o0, m0), (1, wt1 + o1, m1)] {
                         self.kernels.launch(
@@ -679,7 +701,7 @@ impl<T: Element> Stack<T> {
                             e,
                             n,
                             f,
-                            &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(wt), Arg::Ptr(g_next), ea, la],
+                            &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(gwt + og), Arg::Ptr(wt), Arg::Ptr(g_next), ea, la],
                         )?;
                     }
                     std::mem::swap(&mut g, &mut g_next);
