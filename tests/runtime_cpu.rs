@@ -57,6 +57,7 @@ fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool
         accepted,
         is_default,
         ptx: "",
+        ptx_file: "",
         cubin: None,
     }
 }

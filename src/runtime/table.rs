@@ -28,7 +28,10 @@ pub struct KernelEntry {
     pub accepted: bool,
     /// Chosen by the build's dispatch table (`DISPATCH`) for at least one key.
     pub is_default: bool,
+    /// Embedded PTX: only where there is no cubin (snapshot builds).
     pub ptx: &'static str,
+    /// Where the build left this instance's PTX (for the snapshot test).
+    pub ptx_file: &'static str,
     /// sm_90 cubin from ptxas when the toolchain was present at build time.
     pub cubin: Option<&'static [u8]>,
 }
