@@ -130,7 +130,10 @@ impl fmt::Display for Dtype {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Geometry {
     /// A BLOCK_M x BN output tile per block, (BLOCK_M/TM)*(BN/TN) threads.
-    Gemm { block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32 },
+    /// `stages`: shared-memory stages of the K loop (2: the next chunk is
+    /// loaded while this one computes); `min_blocks`: the second argument of
+    /// `__launch_bounds__` (>1 caps registers for occupancy).
+    Gemm { block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32, stages: u32, min_blocks: u32 },
     /// ROWS edges per block, THREADS threads.
     Rows { rows: u32, threads: u32 },
 }
@@ -152,8 +155,8 @@ impl Geometry {
     /// The tile part of the canonical name.
     pub fn tag(&self) -> String {
         match *self {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn } => {
-                format!("m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}")
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks } => {
+                format!("m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}")
             }
             Geometry::Rows { rows, threads } => format!("r{rows}_t{threads}"),
         }

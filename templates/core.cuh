@@ -28,7 +28,7 @@ __device__ __forceinline__ Dims dims(int L) {
 
 // Gate group of gated subtile r (1 <= r <= 3L).
 __device__ __forceinline__ int group_of(int r, int L) {
-  return r <= L ? r - 1 : (r - L - 1) % L;
+  return r <= L ? r - 1 : (r <= 2 * L ? r - L - 1 : r - 2 * L - 1);
 }
 
 template <typename T>
@@ -212,10 +212,11 @@ __device__ __forceinline__ void mma_chunk(T (&acc)[TM][TN], const T* As, const T
 
 // Block GEMM: one BM x BN tile of C = epi(A @ B), A given element-wise by
 // a_at(m, e, k), B row-major K x N in global memory, K a multiple of BK.
-// The next K chunk is loaded into registers while this one computes, then
-// stored to the other shared stage. The tile leaves through shared memory
+// With STAGES == 2 the next K chunk is loaded into registers while this one
+// computes, then stored to the other shared stage (more registers, fewer
+// stalls); STAGES == 1 loads, syncs and computes in turn. The tile leaves through shared memory
 // so that epi's global accesses are coalesced.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD, int SMEM_A,
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int APAD, int SMEM_A,
           int SMEM_B, int SMEM_C, typename AAt, typename Epi>
 __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
                                            const T* __restrict__ B, AAt a_at, Epi epi) {
@@ -260,17 +261,28 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
 #pragma unroll
     for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
 
-  fetch(0);
-  stash(0);
-  __syncthreads();
-  int stage = 0;
-  for (int k0 = 0; k0 < K; k0 += BK) {
-    const bool more = k0 + BK < K;
-    if (more) fetch(k0 + BK);
-    mma_chunk<T, BM, BN, BK, TM, TN, APAD>(acc, As + stage * A_STAGE, Bs + stage * B_STAGE, ty, tx);
-    if (more) stash(stage ^ 1);
+  static_assert(STAGES == 1 || STAGES == 2, "one or two shared-memory stages");
+  if constexpr (STAGES == 2) {
+    fetch(0);
+    stash(0);
     __syncthreads();
-    stage ^= 1;
+    int stage = 0;
+    for (int k0 = 0; k0 < K; k0 += BK) {
+      const bool more = k0 + BK < K;
+      if (more) fetch(k0 + BK);
+      mma_chunk<T, BM, BN, BK, TM, TN, APAD>(acc, As + stage * A_STAGE, Bs + stage * B_STAGE, ty, tx);
+      if (more) stash(stage ^ 1);
+      __syncthreads();
+      stage ^= 1;
+    }
+  } else {
+    for (int k0 = 0; k0 < K; k0 += BK) {
+      fetch(k0);
+      stash(0);
+      __syncthreads();
+      mma_chunk<T, BM, BN, BK, TM, TN, APAD>(acc, As, Bs, ty, tx);
+      __syncthreads();
+    }
   }
 
   // Out through shared memory (aliases the A/B stages: all reads are done).

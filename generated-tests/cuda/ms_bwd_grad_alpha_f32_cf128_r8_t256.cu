@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_grad_alpha_f32_cf128_r8_t256(const float* grad_out, const float* out, const float* alpha, float* grad_alpha, long long E, int L) {
   ms::bwd_grad_alpha<float, 128, 8, 256, Smem>(grad_out, out, alpha, grad_alpha, E, L);
 }

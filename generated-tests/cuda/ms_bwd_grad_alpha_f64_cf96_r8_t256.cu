@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_grad_alpha_f64_cf96_r8_t256(const double* grad_out, const double* out, const double* alpha, double* grad_alpha, long long E, int L) {
   ms::bwd_grad_alpha<double, 96, 8, 256, Smem>(grad_out, out, alpha, grad_alpha, E, L);
 }

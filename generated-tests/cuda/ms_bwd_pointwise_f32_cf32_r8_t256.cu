@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_pointwise_f32_cf32_r8_t256(const float* g, const float* z, const float* sig, const float* gwt, float* gz, long long E, int L) {
   ms::bwd_pointwise<float, 32, 8, 256, Smem>(g, z, sig, gwt, gz, E, L);
 }

@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_pointwise_f64_cf96_r8_t256(const double* g, const double* z, const double* sig, const double* gwt, double* gz, long long E, int L) {
   ms::bwd_pointwise<double, 96, 8, 256, Smem>(g, z, sig, gwt, gz, E, L);
 }

@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_recompute_f32_cf96_r32_t256(const float* z, const float* gw, float* sig, long long E, int L) {
   ms::bwd_recompute<float, 96, 32, 256, Smem>(z, gw, sig, E, L);
 }

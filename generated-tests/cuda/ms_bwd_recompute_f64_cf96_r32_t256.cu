@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_recompute_f64_cf96_r32_t256(const double* z, const double* gw, double* sig, long long E, int L) {
   ms::bwd_recompute<double, 96, 32, 256, Smem>(z, gw, sig, E, L);
 }

@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_fwd_gate_f32_cf32_r8_t256(const float* u, const float* z, const float* gw, float* sig, float* u_next, long long E, int L) {
   ms::fwd_gate<float, 32, 8, 256, Smem>(u, z, gw, sig, u_next, E, L);
 }

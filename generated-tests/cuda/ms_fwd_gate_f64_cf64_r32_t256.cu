@@ -19,7 +19,7 @@ struct Smem {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 ms_fwd_gate_f64_cf64_r32_t256(const double* u, const double* z, const double* gw, double* sig, double* u_next, long long E, int L) {
   ms::fwd_gate<double, 64, 32, 256, Smem>(u, z, gw, sig, u_next, E, L);
 }

@@ -79,7 +79,7 @@ pub fn manifest_instance(b: &Built) -> ManifestInstance {
     let i = &b.instance;
     let (mut block_m, mut bn, mut block_k, mut tm, mut tn, mut rows) = (None, None, None, None, None, None);
     match i.geometry {
-        Geometry::Gemm { block_m: m, bn: n, block_k: k, tm: a, tn: c } => {
+        Geometry::Gemm { block_m: m, bn: n, block_k: k, tm: a, tn: c, .. } => {
             (block_m, bn, block_k, tm, tn) = (Some(m), Some(n), Some(k), Some(a), Some(c));
         }
         Geometry::Rows { rows: r, .. } => rows = Some(r),
@@ -174,8 +174,8 @@ pub fn kernel_table(built: &[Built], dispatch: &[(DispatchRow, usize)], lmax: (u
         let i = &b.instance;
         let r = &b.resources;
         let geometry = match i.geometry {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn } => {
-                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn} }}")
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks } => {
+                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks} }}")
             }
             Geometry::Rows { rows, threads } => format!("Geometry::Rows {{ rows: {rows}, threads: {threads} }}"),
         };

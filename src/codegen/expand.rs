@@ -98,7 +98,15 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
                         BlockK::Fixed(k) => k,
                         BlockK::Named(_) => cf,
                     };
-                    v.push(Geometry::Gemm { block_m: t.block_m, bn: t.bn, block_k, tm: t.tm, tn: t.tn });
+                    v.push(Geometry::Gemm {
+                        block_m: t.block_m,
+                        bn: t.bn,
+                        block_k,
+                        tm: t.tm,
+                        tn: t.tn,
+                        stages: t.stages,
+                        min_blocks: t.min_blocks,
+                    });
                 }
             }
         }

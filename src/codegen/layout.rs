@@ -38,9 +38,9 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let sz = dtype.size() as u32;
     let apad = 16 / sz;
     let rows = g.rows();
-    let (bm, bn, bk) = match *g {
-        Geometry::Gemm { block_m, bn, block_k, .. } => (block_m, bn, block_k),
-        Geometry::Rows { rows, .. } => (rows, 0, 0),
+    let (bm, bn, bk, stages) = match *g {
+        Geometry::Gemm { block_m, bn, block_k, stages, .. } => (block_m, bn, block_k, stages),
+        Geometry::Rows { rows, .. } => (rows, 0, 0, 0),
     };
     let mut at = 0u32;
     let mut place = |bytes: u32| {
@@ -62,9 +62,9 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     };
     for b in bufs {
         match b {
-            // Two stages each: the next K chunk is stored while this one computes.
-            SmemBuf::ATile => l.a_tile = place(2 * bk * (bm + apad) * sz),
-            SmemBuf::BTile => l.b_tile = place(2 * bk * bn * sz),
+            // With two stages the next K chunk is stored while this one computes.
+            SmemBuf::ATile => l.a_tile = place(stages * bk * (bm + apad) * sz),
+            SmemBuf::BTile => l.b_tile = place(stages * bk * bn * sz),
             SmemBuf::SRows => l.s_rows = place(rows * cf * sz),
             SmemBuf::GzsRows => l.gzs_rows = place(rows * cf * sz),
             _ => {}

@@ -149,8 +149,8 @@ impl Renderer {
         let args: Vec<&str> = inst.params.iter().filter_map(|p| param_name(p)).collect();
         let mut targs = vec![ct.to_string(), inst.cf.to_string()];
         match (inst.kind, inst.geometry) {
-            (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn }) => {
-                targs.extend([block_m, bn, block_k, tm, tn].map(|v| v.to_string()));
+            (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, .. }) => {
+                targs.extend([block_m, bn, block_k, tm, tn, stages].map(|v| v.to_string()));
             }
             (_, Geometry::Rows { rows, threads }) => targs.extend([rows, threads].map(|v| v.to_string())),
             (Kind::Rows, Geometry::Gemm { .. }) => unreachable!("expand pairs kinds with geometries"),
@@ -182,6 +182,11 @@ impl Renderer {
         ctx.insert("cf", &inst.cf);
         ctx.insert("geometry", &inst.geometry.tag());
         ctx.insert("threads", &inst.threads());
+        let min_blocks = match inst.geometry {
+            Geometry::Gemm { min_blocks, .. } => min_blocks,
+            Geometry::Rows { .. } => 1,
+        };
+        ctx.insert("min_blocks", &min_blocks);
         ctx.insert("smem_fixed", &l.fixed);
         ctx.insert("smem_per_lg", &l.per_lg);
         ctx.insert("smem_consts", &consts);

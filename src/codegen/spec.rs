@@ -130,6 +130,10 @@ pub struct GemmTileSpec {
     pub block_k: BlockK,
     pub tm: u32,
     pub tn: u32,
+    /// Shared-memory stages of the K loop: 1 or 2.
+    pub stages: u32,
+    /// `__launch_bounds__` minimum blocks per SM (1: no register cap).
+    pub min_blocks: u32,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -307,6 +311,12 @@ impl Specs {
                     if v == 0 {
                         return Err(self.invalid("tiles.yaml", field(name), "must be positive"));
                     }
+                }
+                if !(1..=2).contains(&t.stages) {
+                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2"));
+                }
+                if t.min_blocks == 0 {
+                    return Err(self.invalid("tiles.yaml", field("min_blocks"), "must be positive"));
                 }
                 if t.block_m % t.tm != 0 || t.bn % t.tn != 0 {
                     return Err(self.invalid("tiles.yaml", field("tm/tn"), "tm must divide block_m and tn divide bn"));

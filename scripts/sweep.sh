@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Tile sweep on the GPU: every accepted relay GEMM tile (bwd_gemm and
+# bwd_final together) and fused tile (m0 and m1 passes one at a time, the
+# other at its default), side by side in one `mixstack bench` run per preset.
+# Usage: scripts/sweep.sh PRESET CF   (binaries staged in .device/)
+set -uo pipefail
+OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
+preset=$1; cf=$2
+names() { .device/mixstack report --json | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+for i in d['instances']:
+    if i['stage'] == '$1' and i['dtype'] == 'f32' and i['cf'] == $cf and i['accepted']:
+        print(i['name'])"; }
+v=(--variant relay)
+for n in $(names bwd_gemm); do
+  t=${n#ms_bwd_gemm_f32_cf${cf}_}
+  v+=(--variant "relay:bwd_gemm=$n,bwd_final=ms_bwd_final_f32_cf${cf}_$t")
+done
+v+=(--variant fused)
+for n in $(names bwd_fused_m0); do v+=(--variant "fused:bwd_fused_m0=$n"); done
+for n in $(names bwd_fused_m1); do v+=(--variant "fused:bwd_fused_m1=$n"); done
+.device/mixstack bench --preset "$preset" --reps "${REPS:-10}" "${v[@]}" --json "$OUT/sweep_$preset.json" > "$OUT/sweep_$preset.log" 2>&1
+grep -vE "^    " "$OUT/sweep_$preset.log" | grep -v " / relay"
