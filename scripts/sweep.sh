@@ -13,9 +13,11 @@ for i in d['instances']:
     if i['stage'] == '$1' and i['dtype'] == 'f32' and i['cf'] == $cf and i['accepted']:
         print(i['name'])"; }
 v=(--variant relay)
+finals=$(names bwd_final)
 for n in $(names bwd_gemm); do
   t=${n#ms_bwd_gemm_f32_cf${cf}_}
-  v+=(--variant "relay:bwd_gemm=$n,bwd_final=ms_bwd_final_f32_cf${cf}_$t")
+  f=ms_bwd_final_f32_cf${cf}_$t
+  if echo "$finals" | grep -qx "$f"; then v+=(--variant "relay:bwd_gemm=$n,bwd_final=$f"); else v+=(--variant "relay:bwd_gemm=$n"); fi
 done
 v+=(--variant fused)
 for n in $(names bwd_fused_m0); do v+=(--variant "fused:bwd_fused_m0=$n"); done
