@@ -228,8 +228,10 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
   T* Bs = smem_at<T>(SMEM_B);
   const int tid = threadIdx.x;
   const int tx = tid % TL::TX, ty = tid / TL::TX;
-  const i64 e0 = (i64)blockIdx.x * BM;
-  const int n0 = blockIdx.y * BN;
+  // Flat grid, column blocks fastest (see the runtime's launch_config).
+  const int nb = (N + BN - 1) / BN;
+  const i64 e0 = (i64)(blockIdx.x / nb) * BM;
+  const int n0 = (int)(blockIdx.x % nb) * BN;
 
   T ra[AL], rb[BL];
   auto fetch = [&](int k0) {

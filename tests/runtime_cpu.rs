@@ -570,10 +570,10 @@ fn geometry_gemm() {
     e.smem_fixed = 1000;
     let cfg = launch_config(&e, 333, 128, 2, 96).unwrap();
     assert_eq!(cfg.block_dim, (128, 1, 1)); // (128/8)*(32/4)
-    assert_eq!(cfg.grid_dim, (3, 4, 2)); // ceil(333/128), ceil(128/32), F
+    assert_eq!(cfg.grid_dim, (12, 1, 2)); // ceil(333/128) * ceil(128/32), flat; F
     assert_eq!(cfg.shared_mem_bytes, 1000 + 8 * 96);
     let cfg = launch_config(&e, 1, 192, 3, 96).unwrap();
-    assert_eq!(cfg.grid_dim, (1, 6, 3));
+    assert_eq!(cfg.grid_dim, (6, 1, 3));
 }
 
 #[test]

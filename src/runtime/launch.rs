@@ -38,7 +38,9 @@ pub fn launch_config(entry: &KernelEntry, e: usize, n: usize, f: usize, lg: usiz
             if t != entry.threads {
                 return Err(bad(format!("(BLOCK_M/TM)*(BN/TN) = {t} but threads = {}", entry.threads)));
             }
-            (t, (e as u64).div_ceil(block_m as u64), (n as u64).div_ceil(bn as u64))
+            // One flat x dimension, column blocks fastest: the blocks that
+            // read the same A rows run together and share them through L2.
+            (t, (e as u64).div_ceil(block_m as u64) * (n as u64).div_ceil(bn as u64), 1)
         }
         Geometry::Rows { rows, threads } => {
             if rows == 0 {
