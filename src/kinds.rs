@@ -166,5 +166,11 @@ impl Geometry {
 /// One canonical name per kernel instance, every axis in a fixed order:
 /// it is the file name, the `extern "C"` entry, the table key and log key.
 pub fn canonical_name(stage: Stage, dtype: Dtype, cf: u32, geometry: &Geometry) -> String {
-    format!("ms_{}_{}_cf{}_{}", stage.as_str(), dtype.as_str(), cf, geometry.tag())
+    name_with_tag(stage, dtype, cf, &geometry.tag())
+}
+
+/// [`canonical_name`] from the tile part of the name (as `tiles.yaml`'s
+/// `defaults` spell it).
+pub fn name_with_tag(stage: Stage, dtype: Dtype, cf: u32, tag: &str) -> String {
+    format!("ms_{}_{}_cf{}_{}", stage.as_str(), dtype.as_str(), cf, tag)
 }

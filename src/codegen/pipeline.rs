@@ -63,6 +63,9 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     let mut log = Vec::new();
     let specs = spec::load(&opts.crate_dir.join("specs"))?;
     let exp = expand(&specs, opts.only.as_deref());
+    if opts.only.is_none() {
+        check_defaults(&specs, &exp)?;
+    }
     for p in &exp.pruned {
         log.push(format!("pruned {}: {}", p.name, p.reason));
     }
@@ -116,6 +119,23 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
         log.push(format!("blessed {}/ (fingerprint {})", snapshot::DIR, &fingerprint[..12]));
     }
     Ok(Outcome { log, source, manifest })
+}
+
+/// Every `defaults` entry of tiles.yaml must name an instance the expansion
+/// produced (a pruned one is reported by its own build line).
+pub fn check_defaults(specs: &Specs, exp: &Expansion) -> Result<(), SpecError> {
+    for (i, d) in specs.tiles.defaults.iter().enumerate() {
+        let name = crate::kinds::name_with_tag(d.stage, d.dtype, d.cf, &d.tile);
+        let known = exp.instances.iter().any(|x| x.name == name) || exp.pruned.iter().any(|p| p.name == name);
+        if !known {
+            return Err(SpecError::Invalid {
+                file: specs.dir.join("tiles.yaml"),
+                field: format!("defaults[{i}]"),
+                message: format!("no instance {name}: the tile is not in the stage's tile set for that dtype and Cf"),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn write_if_changed(p: &Path, text: &str) -> Result<(), PipelineError> {
