@@ -126,6 +126,33 @@ impl fmt::Display for Dtype {
     }
 }
 
+/// How a GEMM's K loop feeds shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pipe {
+    /// Loads staged through registers (`stages` 1 or 2), A stored k-major.
+    Regs,
+    /// cp.async pipeline of `stages` (2..4) chunks, A stored row-major; the A
+    /// operand goes async where it is a plain surface, else it is computed.
+    Async,
+}
+
+impl Pipe {
+    pub fn tag(self) -> &'static str {
+        match self {
+            Pipe::Regs => "pr",
+            Pipe::Async => "pa",
+        }
+    }
+    /// The value of the kernels' PIPE template argument.
+    pub fn code(self) -> u32 {
+        match self {
+            Pipe::Regs => 0,
+            Pipe::Async => 1,
+        }
+    }
+}
+
 /// How a stage is launched (docs/KERNELS.md "Launch geometry").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Geometry {
@@ -133,7 +160,7 @@ pub enum Geometry {
     /// `stages`: shared-memory stages of the K loop (2: the next chunk is
     /// loaded while this one computes); `min_blocks`: the second argument of
     /// `__launch_bounds__` (>1 caps registers for occupancy).
-    Gemm { block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32, stages: u32, min_blocks: u32 },
+    Gemm { block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32, stages: u32, min_blocks: u32, pipe: Pipe },
     /// ROWS edges per block, THREADS threads.
     Rows { rows: u32, threads: u32 },
 }
@@ -155,8 +182,8 @@ impl Geometry {
     /// The tile part of the canonical name.
     pub fn tag(&self) -> String {
         match *self {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks } => {
-                format!("m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}")
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe } => {
+                format!("m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}_{}", pipe.tag())
             }
             Geometry::Rows { rows, threads } => format!("r{rows}_t{threads}"),
         }

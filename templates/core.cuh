@@ -11,6 +11,7 @@
 //     takes one op_residual.
 // Tile shapes change the schedule, never a result.
 #pragma once
+#include <type_traits>
 #include "ops.cuh"
 
 namespace ms {
@@ -299,6 +300,139 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
     const int m = idx / BN, n = idx - m * BN;
     const i64 e = e0 + m;
     if (e < E && n0 + n < N) epi(e, n0 + n, Cs[m * CS + n]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// cp.async pipeline (PIPE == 1): STAGES chunks in flight, A row-major in
+// shared memory. B always goes async; A goes async when the stage gives a
+// row pointer (a plain surface), else a_at computes it into shared memory.
+
+struct NoRow {};  // "A is computed": no row pointer
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared; src_bytes 0 writes zeros (rows past E).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// acc[i][j] += A[row i][k] * B[k][col j] over one chunk, k ascending; A
+// row-major (stride AK), read W k-values at a time.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int AK>
+__device__ __forceinline__ void mma_chunk_rows(T (&acc)[TM][TN], const T* As, const T* Bs, int ty, int tx) {
+  typedef Tile<T, BM, BN, BK, TM, TN, 0> TL;
+  constexpr int W = TL::W;
+#pragma unroll
+  for (int k4 = 0; k4 < BK; k4 += W) {
+    T a[TM][W];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) Vec<T>::load(As + TL::row(ty, i) * AK + k4, a[i]);
+#pragma unroll
+    for (int kk = 0; kk < W; ++kk) {
+      T b[TN];
+#pragma unroll
+      for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + (k4 + kk) * BN + TL::col(tx, j), b + j);
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = op_dot_step<T>(a[i][kk], b[j], acc[i][j]);
+    }
+  }
+}
+
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int APAD, int SMEM_A,
+          int SMEM_B, int SMEM_C, typename AAt, typename ARow, typename Epi>
+__device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restrict__ B, AAt a_at,
+                                          ARow a_row, Epi epi) {
+  typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
+  constexpr int W = TL::W;
+  constexpr int AK = BK + APAD;  // padded row of the row-major A tile
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
+  constexpr bool A_ASYNC = !std::is_same<ARow, NoRow>::value;
+  static_assert(BK % W == 0 && BN % W == 0, "chunks of whole 16-byte vectors");
+  T* As = smem_at<T>(SMEM_A);
+  T* Bs = smem_at<T>(SMEM_B);
+  const int tid = threadIdx.x;
+  const int tx = tid % TL::TX, ty = tid / TL::TX;
+  const int nb = (N + BN - 1) / BN;
+  const i64 e0 = (i64)(blockIdx.x / nb) * BM;
+  const int n0 = (int)(blockIdx.x % nb) * BN;
+  const int KT = K / BK;
+
+  auto load = [&](int kt) {
+    const int k0 = kt * BK, st = kt % STAGES;
+    T* as = As + st * A_STAGE;
+    T* bs = Bs + st * B_STAGE;
+    for (int v = tid; v < BK * BN / W; v += TL::THREADS) {
+      const int kk = v / (BN / W), n = (v - kk * (BN / W)) * W;
+      const bool ok = n0 + n < N;
+      cp_async16(bs + kk * BN + n, B + (ok ? (i64)(k0 + kk) * N + n0 + n : 0), ok ? 16 : 0);
+    }
+    if constexpr (A_ASYNC) {
+      for (int v = tid; v < BM * BK / W; v += TL::THREADS) {
+        const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
+        const i64 e = e0 + m;
+        const bool ok = e < E;
+        cp_async16(as + m * AK + k, ok ? a_row(e) + k0 + k : B, ok ? 16 : 0);
+      }
+    } else {
+      for (int idx = tid; idx < BM * BK; idx += TL::THREADS) {
+        const int m = idx / BK, kk = idx - m * BK;
+        const i64 e = e0 + m;
+        as[m * AK + kk] = e < E ? a_at(m, e, k0 + kk) : T(0);
+      }
+    }
+  };
+
+  T acc[TM][TN];
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load(s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // chunk kt is in; everyone is done with chunk kt-1's stage
+    if (kt + STAGES - 1 < KT) load(kt + STAGES - 1);
+    cp_async_commit();
+    mma_chunk_rows<T, BM, BN, BK, TM, TN, AK>(acc, As + (kt % STAGES) * A_STAGE, Bs + (kt % STAGES) * B_STAGE, ty, tx);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  constexpr int CS = BN + APAD;
+  T* Cs = smem_at<T>(SMEM_C);
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; j += W) Vec<T>::store(Cs + TL::row(ty, i) * CS + TL::col(tx, j), &acc[i][j]);
+  __syncthreads();
+  for (int idx = tid; idx < BM * BN; idx += TL::THREADS) {
+    const int m = idx / BN, n = idx - m * BN;
+    const i64 e = e0 + m;
+    if (e < E && n0 + n < N) epi(e, n0 + n, Cs[m * CS + n]);
+  }
+}
+
+// The stage bodies' GEMM: PIPE 0 -> gemm_block (register staged), 1 -> gemm_pipe.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int APAD,
+          int SMEM_A, int SMEM_B, int SMEM_C, typename AAt, typename ARow, typename Epi>
+__device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AAt a_at, ARow a_row,
+                                     Epi epi) {
+  if constexpr (PIPE == 0) {
+    gemm_block<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, epi);
+  } else {
+    gemm_pipe<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, a_row, epi);
   }
 }
 

@@ -14,16 +14,16 @@ __device__ __forceinline__ T* per_lg_rows(int slot, int LG) {
 
 // ----------------------------------------------------------------- forward
 
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restrict__ w0,
                                        T* __restrict__ z, i64 E, int L) {
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const T* uf = u + (i64)f * E * d.ROW;
   T* zf = z + (i64)f * E * d.ROW;
-  gemm_block<T, BM, BN, BK, TM, TN, STAGES, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, d.M0, d.M0, w0 + (i64)f * d.M0 * d.M0,
-      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; },
+      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; }, [&](i64 e) { return uf + e * d.ROW; },
       [&](i64 e, int n, T acc) { zf[e * d.ROW + n] = acc; });
 }
 
@@ -64,7 +64,7 @@ __device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __res
 }
 
 // z1 = u[:, M0:] @ W1; u_next[:, M0:] = u + z1 * [sig, sig].
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restrict__ w1,
                                        const T* __restrict__ sig, T* __restrict__ z,
                                        T* __restrict__ u_next, i64 E, int L) {
@@ -73,9 +73,9 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
   const i64 base = (i64)f * E * d.ROW;
   const T* uf = u + base;
   const T* sigf = sig + (i64)f * E * d.LG;
-  gemm_block<T, BM, BN, BK, TM, TN, STAGES, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1,
-      [&](int, i64 e, int k) { return uf[e * d.ROW + d.M0 + k]; },
+      [&](int, i64 e, int k) { return uf[e * d.ROW + d.M0 + k]; }, [&](i64 e) { return uf + e * d.ROW + d.M0; },
       [&](i64 e, int n, T acc) {
         const i64 at = base + e * d.ROW + d.M0 + n;
         const int r = n / CF, gr = r < L ? r : r - L, ch = n - r * CF;
@@ -85,7 +85,7 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
 }
 
 // Identity layer: out[e, f, seg] = (u + u_seg @ W_seg) * alpha, edge-major.
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __restrict__ w,
                                           const T* __restrict__ alpha, T* __restrict__ out,
                                           i64 E, int L, int seg, int apply_alpha) {
@@ -93,9 +93,9 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
   const int f = blockIdx.z, F = gridDim.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const T* uf = u + (i64)f * E * d.ROW + off;
-  gemm_block<T, BM, BN, BK, TM, TN, STAGES, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, w + (i64)f * K * K,
-      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; },
+      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; }, [&](i64 e) { return uf + e * d.ROW; },
       [&](i64 e, int n, T acc) {
         T v = op_residual<T>(uf[e * d.ROW + n], acc);
         if (apply_alpha) v = op_alpha_scale<T>(v, alpha[e * F + f]);
@@ -129,7 +129,7 @@ __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
 
 // Final identity layer: g[f, e, seg] = ga + ga_seg @ W_seg^T, ga = grad_out * alpha
 // folded on the fly (grad_out is edge-major, g focus-major).
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
                                           const T* __restrict__ alpha, const T* __restrict__ wt,
                                           T* __restrict__ g, i64 E, int L, int seg,
@@ -142,8 +142,8 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
     return apply_alpha ? op_alpha_scale<T>(x, alpha[e * F + f]) : x;
   };
   T* gf = g + (i64)f * E * d.ROW + off;
-  gemm_block<T, BM, BN, BK, TM, TN, STAGES, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return ga(e, k); },
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+      E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return ga(e, k); }, NoRow{},
       [&](i64 e, int n, T acc) { gf[e * d.ROW + n] = op_residual<T>(ga(e, n), acc); });
 }
 
@@ -201,7 +201,7 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
 }
 
 // Relay 3/3: g_next[seg] = g[seg] + gz_seg @ W_seg^T.
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __restrict__ g,
                                          const T* __restrict__ wt, T* __restrict__ g_next,
                                          i64 E, int L, int seg) {
@@ -209,8 +209,9 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
   const int f = blockIdx.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const i64 base = (i64)f * E * d.ROW + off;
-  gemm_block<T, BM, BN, BK, TM, TN, STAGES, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return gz[base + e * d.ROW + k]; },
+      [&](i64 e) { return gz + base + e * d.ROW; },
       [&](i64 e, int n, T acc) {
         g_next[base + e * d.ROW + n] = op_residual<T>(g[base + e * d.ROW + n], acc);
       });
@@ -222,7 +223,7 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
 // the same functions: SEG 0 (m = 0, subtiles 0..L; subtile 0 is the scalar
 // chain) needs sig, g_logit and the scalar chain; SEG 1 (|m| = 1, subtiles
 // L+1..3L) needs sig only.
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, int SEG>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S, int SEG>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
                                           const T* __restrict__ gw, const T* __restrict__ gwt,
                                           const T* __restrict__ wt, T* __restrict__ g_next,
@@ -251,11 +252,12 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
     compute_gzs_rows<T, CF, BM, TL::THREADS>(gzs_sh, glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
     __syncthreads();
   }
-  gemm_block<T, BM, BN, BK, TM, TN, STAGES, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K,
       [&](int m, i64 e, int k) {
         return gz_elem<T, CF>(gf + e * d.ROW, sig_sh + m * d.LG, gzs_sh + m * CF, L, off + k);
       },
+      NoRow{},
       [&](i64 e, int n, T acc) {
         const i64 at = base + e * d.ROW + off + n;
         g_next[at] = op_residual<T>(g[at], acc);

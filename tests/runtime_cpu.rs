@@ -20,7 +20,7 @@ fn leak(s: String) -> &'static str {
 }
 
 fn gemm(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
-    Geometry::Gemm { block_m, bn, block_k, tm, tn, stages: 2, min_blocks: 1 }
+    Geometry::Gemm { block_m, bn, block_k, tm, tn, stages: 2, min_blocks: 1, pipe: mixstack::kinds::Pipe::Regs }
 }
 
 fn threads_of(g: Geometry) -> u32 {
@@ -272,7 +272,7 @@ fn select_prefers_default_among_accepted() {
     let none = TileOverride::new();
     let e = select_kernel(&t, Stage::BwdFusedM0, Dtype::F32, 32, 3, &none).unwrap();
     assert!(e.is_default && e.accepted);
-    assert_eq!(e.name, "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1");
+    assert_eq!(e.name, "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr");
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn select_first_accepted_without_default() {
     t.push(entry(Stage::BwdGemm, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, false));
     t.push(entry(Stage::BwdGemm, Dtype::F32, 32, gemm(128, 32, 32, 4, 4), true, false));
     let e = select_kernel(&t, Stage::BwdGemm, Dtype::F32, 32, 2, &TileOverride::new()).unwrap();
-    assert_eq!(e.name, "ms_bwd_gemm_f32_cf32_m64_n32_k32_t4x4_s2_b1");
+    assert_eq!(e.name, "ms_bwd_gemm_f32_cf32_m64_n32_k32_t4x4_s2_b1_pr");
 }
 
 #[test]
@@ -355,10 +355,10 @@ fn override_rejections() {
     let d = Dispatch::new(&t);
     let cases: Vec<(Stage, &str, &str)> = vec![
         (Stage::BwdFusedM0, "ms_nonexistent", "not in the kernel table"),
-        (Stage::BwdFusedM0, "ms_bwd_fused_m1_f32_cf32_m64_n32_k32_t4x4_s2_b1", "bwd_fused_m1"),
-        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf64_m64_n32_k64_t4x4_s2_b1", "Cf 64"),
-        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8_s2_b1", "not accepted"),
-        (Stage::BwdGemm, "ms_bwd_gemm_f64_cf32_m64_n64_k32_t4x4_s2_b1", "f64"),
+        (Stage::BwdFusedM0, "ms_bwd_fused_m1_f32_cf32_m64_n32_k32_t4x4_s2_b1_pr", "bwd_fused_m1"),
+        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf64_m64_n32_k64_t4x4_s2_b1_pr", "Cf 64"),
+        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8_s2_b1_pr", "not accepted"),
+        (Stage::BwdGemm, "ms_bwd_gemm_f64_cf32_m64_n64_k32_t4x4_s2_b1_pr", "f64"),
     ];
     for (stage, name, why_part) in cases {
         let tiles = TileOverride::new().with(stage, name);
@@ -383,7 +383,7 @@ fn report_lists_every_key() {
     // (9 relay stages x 2 dtypes x 4 cfs + 2 fused stages x 2 cfs) x 6 lmax.
     assert_eq!(r.len(), (9 * 2 * 4 + 2 * 2) * 6);
     let fused = r.iter().find(|c| c.stage == Stage::BwdFusedM0 && c.cf == 64 && c.lmax == 3).unwrap();
-    assert_eq!(fused.chosen, Some("ms_bwd_fused_m0_f32_cf64_m128_n32_k64_t8x4_s2_b1"));
+    assert_eq!(fused.chosen, Some("ms_bwd_fused_m0_f32_cf64_m128_n32_k64_t8x4_s2_b1_pr"));
     assert_eq!((fused.candidates, fused.total), (2, 3));
     // sorted by key
     let keys: Vec<_> = r.iter().map(|c| (c.stage, c.dtype, c.cf, c.lmax)).collect();
@@ -403,8 +403,8 @@ fn report_lists_every_key() {
 fn dispatch_rows_are_honoured() {
     let t = full_table();
     let idx = |name: &str| t.iter().position(|e| e.name == name).unwrap();
-    let small = idx("ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4_s2_b1");
-    let spilling = idx("ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8_s2_b1");
+    let small = idx("ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4_s2_b1_pr");
+    let spilling = idx("ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8_s2_b1_pr");
     let rows = vec![
         DispatchEntry { stage: Stage::BwdFusedM0, dtype: Dtype::F32, cf: 32, lmax: 5, kernel: small },
         // A row naming a non-candidate is ignored (the rules apply).
@@ -415,10 +415,10 @@ fn dispatch_rows_are_honoured() {
     let d = Dispatch::new(&t).with_rows(&rows);
     let none = TileOverride::new();
     let pick = |lmax| d.select(Stage::BwdFusedM0, Dtype::F32, 32, lmax, &none).unwrap().name;
-    assert_eq!(pick(5), "ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4_s2_b1");
-    assert_eq!(pick(6), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1"); // is_default
-    assert_eq!(pick(4), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1");
-    assert_eq!(pick(3), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1"); // no row
+    assert_eq!(pick(5), "ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4_s2_b1_pr");
+    assert_eq!(pick(6), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr"); // is_default
+    assert_eq!(pick(4), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr");
+    assert_eq!(pick(3), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr"); // no row
 }
 
 #[test]

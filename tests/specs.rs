@@ -83,7 +83,7 @@ fn bad_values_are_named() {
 #[test]
 fn a_default_must_name_an_instance() {
     let dir = specs_with("tiles.yaml", |t| {
-        t.replacen("tile: m64_n64_k16_t4x4_s2_b1}", "tile: m64_n64_k16_t4x4_s9_b1}", 1)
+        t.replacen("tile: m64_n64_k16_t4x4_s2_b1_pr}", "tile: m64_n64_k16_t4x4_s9_b1_pr}", 1)
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None)).unwrap_err().to_string();

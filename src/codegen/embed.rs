@@ -174,8 +174,8 @@ pub fn kernel_table(built: &[Built], dispatch: &[(DispatchRow, usize)], lmax: (u
         let i = &b.instance;
         let r = &b.resources;
         let geometry = match i.geometry {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks } => {
-                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks} }}")
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe } => {
+                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks}, pipe: Pipe::{pipe:?} }}")
             }
             Geometry::Rows { rows, threads } => format!("Geometry::Rows {{ rows: {rows}, threads: {threads} }}"),
         };

@@ -106,6 +106,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
                         tn: t.tn,
                         stages: t.stages,
                         min_blocks: t.min_blocks,
+                        pipe: t.pipe,
                     });
                 }
             }
@@ -133,11 +134,11 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
             return Some(format!("BLOCK_K {block_k} does not divide Cf {cf}"));
         }
         // The K-chunk prefetch gives every thread the same number of loads.
-        let (threads, bm, bn) = match *g {
-            Geometry::Gemm { block_m, bn, .. } => (g.threads(), block_m, bn),
+        let (threads, bm, bn, pipe) = match *g {
+            Geometry::Gemm { block_m, bn, pipe, .. } => (g.threads(), block_m, bn, pipe),
             _ => unreachable!(),
         };
-        if (bm * block_k) % threads != 0 || (block_k * bn) % threads != 0 {
+        if pipe == crate::kinds::Pipe::Regs && ((bm * block_k) % threads != 0 || (block_k * bn) % threads != 0) {
             return Some(format!("{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"));
         }
     }

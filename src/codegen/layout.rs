@@ -38,9 +38,9 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let sz = dtype.size() as u32;
     let apad = 16 / sz;
     let rows = g.rows();
-    let (bm, bn, bk, stages) = match *g {
-        Geometry::Gemm { block_m, bn, block_k, stages, .. } => (block_m, bn, block_k, stages),
-        Geometry::Rows { rows, .. } => (rows, 0, 0, 0),
+    let (bm, bn, bk, stages, pipe) = match *g {
+        Geometry::Gemm { block_m, bn, block_k, stages, pipe, .. } => (block_m, bn, block_k, stages, pipe),
+        Geometry::Rows { rows, .. } => (rows, 0, 0, 0, crate::kinds::Pipe::Regs),
     };
     let mut at = 0u32;
     let mut place = |bytes: u32| {
@@ -63,7 +63,13 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     for b in bufs {
         match b {
             // With two stages the next K chunk is stored while this one computes.
-            SmemBuf::ATile => l.a_tile = place(stages * bk * (bm + apad) * sz),
+            // regs: A k-major (bk rows of bm + pad); async: row-major (bm rows of bk + pad).
+            SmemBuf::ATile => {
+                l.a_tile = match pipe {
+                    crate::kinds::Pipe::Regs => place(stages * bk * (bm + apad) * sz),
+                    crate::kinds::Pipe::Async => place(stages * bm * (bk + apad) * sz),
+                }
+            }
             SmemBuf::BTile => l.b_tile = place(stages * bk * bn * sz),
             SmemBuf::SRows => l.s_rows = place(rows * cf * sz),
             SmemBuf::GzsRows => l.gzs_rows = place(rows * cf * sz),

@@ -149,8 +149,8 @@ impl Renderer {
         let args: Vec<&str> = inst.params.iter().filter_map(|p| param_name(p)).collect();
         let mut targs = vec![ct.to_string(), inst.cf.to_string()];
         match (inst.kind, inst.geometry) {
-            (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, .. }) => {
-                targs.extend([block_m, bn, block_k, tm, tn, stages].map(|v| v.to_string()));
+            (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, pipe, .. }) => {
+                targs.extend([block_m, bn, block_k, tm, tn, stages, pipe.code()].map(|v| v.to_string()));
             }
             (_, Geometry::Rows { rows, threads }) => targs.extend([rows, threads].map(|v| v.to_string())),
             (Kind::Rows, Geometry::Gemm { .. }) => unreachable!("expand pairs kinds with geometries"),

@@ -134,6 +134,8 @@ pub struct GemmTileSpec {
     pub stages: u32,
     /// `__launch_bounds__` minimum blocks per SM (1: no register cap).
     pub min_blocks: u32,
+    /// How the K loop is fed: regs (stages 1..2) or async (stages 2..4).
+    pub pipe: crate::kinds::Pipe,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -312,8 +314,12 @@ impl Specs {
                         return Err(self.invalid("tiles.yaml", field(name), "must be positive"));
                     }
                 }
-                if !(1..=2).contains(&t.stages) {
-                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2"));
+                let stages_ok = match t.pipe {
+                    crate::kinds::Pipe::Regs => (1..=2).contains(&t.stages),
+                    crate::kinds::Pipe::Async => (2..=4).contains(&t.stages),
+                };
+                if !stages_ok {
+                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2 with pipe: regs, 2 to 4 with pipe: async"));
                 }
                 if t.min_blocks == 0 {
                     return Err(self.invalid("tiles.yaml", field("min_blocks"), "must be positive"));
