@@ -4,6 +4,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 export MIXSTACK_VECTORS="$PWD/vectors"
+# unpack what scripts/stage-device.sh packed
+if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 date -u | tee -a "$OUT/gpu.txt"
 what=${1:-all}

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds the release binary and the GPU test binaries here and copies them
-# into .device/ (git-ignored) for the device tool's `carry`; the GPU machine
-# has no Rust. Then, there: scripts/on-device.sh.
+# Builds the release binary, the C library and the GPU test binaries here and
+# packs them into .device/bundle.tar.xz (git-ignored) for the device tool's
+# `carry`; the GPU machine has no Rust. There: scripts/on-device.sh unpacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .device && mkdir -p .device
+rm -rf .device && mkdir -p .device/bin
 cargo build --release
-cp target/release/mixstack .device/
+cp target/release/mixstack .device/bin/
+[ -f target/release/libmixstack.so ] && cp target/release/libmixstack.so .device/bin/
 cargo test --release --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil
@@ -15,7 +16,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         name = m["target"]["name"]
         if name.startswith("gpu_"):
-            shutil.copy(m["executable"], ".device/" + name)
-            print("staged", name)
+            shutil.copy(m["executable"], ".device/bin/" + name)
 '
+strip .device/bin/*
+tar -C .device -cJf .device/bundle.tar.xz bin && rm -rf .device/bin
 ls -la .device

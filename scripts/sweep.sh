@@ -6,6 +6,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 preset=$1; cf=$2
+if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
 names() { .device/mixstack report --json | python3 -c "
 import json, sys
 d = json.load(sys.stdin)

@@ -271,7 +271,7 @@ fn check_nonnull(t: &Tensor) -> Result<(), Fail> {
 }
 
 fn check_aligned(t: &Tensor, elem: usize) -> Result<(), Fail> {
-    if t.ptr % elem as u64 != 0 {
+    if !t.ptr.is_multiple_of(elem as u64) {
         return Err(fail(
             MIXSTACK_ERR_MISALIGNED,
             format!("tensor `{}` at {:#x} is not aligned to the element size ({elem} bytes)", t.name, t.ptr),
@@ -433,7 +433,7 @@ fn create_typed<T: Element>(a: &CreateArgs, wrap: fn(Stack<T>) -> Inner) -> Resu
     let _restore = CurrentContext::save();
     let ctx = open_device(a.device)?;
     ctx.bind_to_thread().map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("binding the context: {e}")))?;
-    for t in &w {
+    for t in w.iter().filter(|t| t.bytes > 0) {
         check_device_memory(t, a.device)?;
     }
     let stream = call_stream(&ctx, a.cu_stream)?;

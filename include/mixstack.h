@@ -1,0 +1,119 @@
+/*
+ * mixstack.h -- C ABI of mixstack, the SO(2) mixing stack of the SeZM / DPA4
+ * descriptor (forward and input-gradient backward) on CUDA.
+ *
+ * Library: libmixstack.so (cargo build --release -> target/release/).
+ * Implementation: src/capi.rs. Math and layouts: docs/MIXING_STACK.md.
+ *
+ * Shapes (all tensors dense, row-major, contiguous, device memory of the
+ * stack's device, element type of the stack: float (f32) or double (f64)):
+ *   ROW = (3*lmax+1)*Cf, M0 = (lmax+1)*Cf, M1 = 2*lmax*Cf, LG = lmax*Cf
+ *   u0         (F, E, ROW)              focus-major input
+ *   alpha      (E, F)                   competition weight
+ *   w0         (n_layers, F, M0, M0)    m = 0 weights, (in, out)
+ *   w1         (n_layers, F, M1, M1)    |m| = 1 weights, (in, out)
+ *   gw         (n_layers-1, F, Cf, LG)  gate projections, (in, out)
+ *   out        (E, F, ROW)              edge-major output
+ *   z_all      (n_layers-1, F, E, ROW)  saved pre-activations of the gated layers
+ *   grad_out   (E, F, ROW)
+ *   grad_u0    (F, E, ROW)
+ *   grad_alpha (E, F)                   zeros when apply_alpha == 0
+ *
+ * Conventions:
+ *   - Every function returns a mixstack_status (as int) except where noted;
+ *     on failure mixstack_last_error() describes it. Arguments are checked
+ *     before anything is launched: a failing call launches nothing.
+ *   - Pointers must be aligned to the element size. Outputs must not overlap
+ *     each other or any input. With E > 0 every tensor pointer is required
+ *     (alpha too, even when apply_alpha == 0); z_all may be NULL only when
+ *     n_layers == 1. With E == 0 a call returns MIXSTACK_OK and touches
+ *     nothing.
+ *   - cu_stream is a CUstream of the stack's device (NULL: the legacy default
+ *     stream). Work is enqueued on it and not waited for; scratch memory is
+ *     allocated and freed stream-ordered on it.
+ *   - The stack lives on the device's primary context (the one the CUDA
+ *     runtime and PyTorch use). Calls restore the thread's current context.
+ *   - A handle may be used from any thread, also concurrently; work on
+ *     different streams is ordered only by the caller. Destroy a handle once,
+ *     after its last call.
+ */
+#ifndef MIXSTACK_H
+#define MIXSTACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of this ABI; mixstack_abi_version() returns it. */
+#define MIXSTACK_ABI_VERSION 1
+
+/* Status codes. */
+typedef enum mixstack_status {
+    MIXSTACK_OK = 0,
+    MIXSTACK_ERR_NULL_POINTER = 1, /* a required pointer (handle, out-parameter, tensor with E > 0) is NULL */
+    MIXSTACK_ERR_BAD_SHAPE = 2,    /* shape or E outside the build (negative, no kernel, size overflow) */
+    MIXSTACK_ERR_BAD_DTYPE = 3,    /* unknown dtype code */
+    MIXSTACK_ERR_MISALIGNED = 4,   /* tensor pointer not aligned to the element size */
+    MIXSTACK_ERR_UNSUPPORTED = 5,  /* valid request the build or device cannot serve */
+    MIXSTACK_ERR_CUDA = 6,         /* no CUDA driver, or a driver call failed */
+    MIXSTACK_ERR_INTERNAL = 7,     /* a bug (caught panic, inconsistent kernel table) */
+    MIXSTACK_ERR_BAD_ARGUMENT = 8  /* other invalid argument: path code, device, overlapping outputs,
+                                      pointer not memory of the stack's device, stream of another
+                                      context, malformed MIXSTACK_STACK_BWD_FUSED */
+} mixstack_status;
+
+/* dtype codes of mixstack_stack_create. */
+#define MIXSTACK_DTYPE_F32 0
+#define MIXSTACK_DTYPE_F64 1
+
+/* Backward path codes: AUTO reads MIXSTACK_STACK_BWD_FUSED at each call
+ * (1/true/on/yes: fused; unset/0/false/off/no: relay). The fused path runs only
+ * for f32 with Cf < 96; otherwise the relay runs (see mixstack_last_path). */
+#define MIXSTACK_PATH_AUTO 0
+#define MIXSTACK_PATH_RELAY 1
+#define MIXSTACK_PATH_FUSED 2
+
+/* Opaque handle: one stack (shape, weights, kernels) on one device. */
+typedef struct mixstack_stack mixstack_stack;
+
+/* Create a stack of dtype (0 f32, 1 f64) on device `device` for shape (f, cf, lmax,
+ * n_layers); the weights are device pointers copied once (ordered on cu_stream); gw_dev
+ * may be NULL when n_layers == 1. Stores the handle in *out (NULL on failure). */
+int mixstack_stack_create(int dtype, int device, int64_t f, int64_t cf, int64_t lmax,
+                          int64_t n_layers, const void* w0_dev, const void* w1_dev,
+                          const void* gw_dev, void* cu_stream, mixstack_stack** out);
+
+/* Forward over e edges: out = stack(u0) (times alpha when apply_alpha != 0), and the
+ * gated layers' pre-activations into z_all. Enqueued on cu_stream. */
+int mixstack_forward(mixstack_stack* stack, int64_t e, const void* u0, const void* alpha,
+                     int apply_alpha, void* out, void* z_all, void* cu_stream);
+
+/* Backward (input gradients only) over e edges from the forward's out and z_all: writes
+ * grad_u0 and grad_alpha. path: 0 auto (MIXSTACK_STACK_BWD_FUSED), 1 relay, 2 fused. */
+int mixstack_backward(mixstack_stack* stack, int64_t e, const void* grad_out, const void* out,
+                      const void* z_all, const void* alpha, int apply_alpha, void* grad_u0,
+                      void* grad_alpha, int path, void* cu_stream);
+
+/* Path taken by the handle's last backward call: *path = 1 relay, 2 fused, 0 none yet;
+ * the reason is copied NUL-terminated into reason (truncated to reason_len; may be NULL). */
+int mixstack_last_path(const mixstack_stack* stack, int* path, char* reason, size_t reason_len);
+
+/* Message of the last failing call on this thread ("" if none). Not a status; the pointer
+ * stays valid until the next failing call on this thread. */
+const char* mixstack_last_error(void);
+
+/* Destroy a stack: waits for the device's work, frees the weights. NULL is a no-op.
+ * Returns nothing. */
+void mixstack_stack_destroy(mixstack_stack* stack);
+
+/* MIXSTACK_ABI_VERSION of the loaded library (compare with the header's). */
+int mixstack_abi_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MIXSTACK_H */
