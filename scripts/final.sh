@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One GPU session's worth of evidence, in priority order: GPU tests, verify,
+# tile sweeps, then the side-by-side benchmarks of BENCH.md with the fastest
+# measured tiles, then the PyTorch op's tests and timing. Results under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
+if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
+export MIXSTACK_VECTORS="$PWD/vectors"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
+.device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log" 2>&1; echo "gpu_stack: $(grep 'test result' "$OUT/gpu_stack.log")"
+.device/mixstack verify > "$OUT/verify.log" 2>&1; echo "verify: $(tail -1 "$OUT/verify.log")"
+bash scripts/sweep.sh seed 32 > /dev/null; bash scripts/sweep.sh cf64 64 > /dev/null
+for p in seed cf64 f1; do
+  src=$p; [ $p = f1 ] && src=seed
+  mapfile -t v < <(python3 scripts/pick_tiles.py "$OUT/sweep_$src.json")
+  echo "== bench $p: ${v[*]}"
+  .device/mixstack bench --preset $p --reps 20 --variant "${v[0]}" --variant "${v[1]}" --json "$OUT/bench_$p.json" > "$OUT/bench_$p.log" 2>&1
+  grep -vE "^    " "$OUT/bench_$p.log"
+done
+MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 240 python3 python/tests/test_torch_op.py --bench > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -25 "$OUT/torch_op.log"
