@@ -9,7 +9,7 @@ export MIXSTACK_VECTORS="$PWD/vectors"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
 .device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log" 2>&1; echo "gpu_stack: $(grep 'test result' "$OUT/gpu_stack.log")"
 .device/mixstack verify > "$OUT/verify.log" 2>&1; echo "verify: $(tail -1 "$OUT/verify.log")"
-bash scripts/sweep.sh seed 32 > /dev/null; bash scripts/sweep.sh cf64 64 > /dev/null
+REPS=8 bash scripts/sweep.sh seed 32 > /dev/null; REPS=6 bash scripts/sweep.sh cf64 64 > /dev/null
 for p in seed cf64 f1; do
   src=$p; [ $p = f1 ] && src=seed
   mapfile -t v < <(python3 scripts/pick_tiles.py "$OUT/sweep_$src.json")
@@ -17,4 +17,4 @@ for p in seed cf64 f1; do
   .device/mixstack bench --preset $p --reps 20 --variant "${v[0]}" --variant "${v[1]}" --json "$OUT/bench_$p.json" > "$OUT/bench_$p.log" 2>&1
   grep -vE "^    " "$OUT/bench_$p.log"
 done
-MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 240 python3 python/tests/test_torch_op.py --bench > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -25 "$OUT/torch_op.log"
+MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 200 python3 python/tests/test_torch_op.py --bench > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -25 "$OUT/torch_op.log"
