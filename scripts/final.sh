@@ -18,3 +18,4 @@ for p in seed cf64 f1; do
   grep -vE "^    " "$OUT/bench_$p.log"
 done
 MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 200 python3 python/tests/test_torch_op.py --bench > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -25 "$OUT/torch_op.log"
+cd "$OUT" && tar -czf /tmp/results.tar.gz ./* && rm -rf "$OUT"/* && mv /tmp/results.tar.gz "$OUT"/results.tar.gz
