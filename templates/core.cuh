@@ -211,6 +211,27 @@ __device__ __forceinline__ void mma_chunk(T (&acc)[TM][TN], const T* As, const T
   }
 }
 
+// The accumulator tile leaves through shared memory (the caller has synced
+// past its last read of the A/B stages, which this aliases), so that epi's
+// global accesses walk consecutive columns: coalesced.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD, int SMEM_C, typename Epi>
+__device__ __forceinline__ void store_tile(const T (&acc)[TM][TN], int ty, int tx, i64 e0, int n0,
+                                           i64 E, int N, Epi epi) {
+  typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
+  constexpr int CS = BN + APAD;
+  T* Cs = smem_at<T>(SMEM_C);
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; j += TL::W) Vec<T>::store(Cs + TL::row(ty, i) * CS + TL::col(tx, j), &acc[i][j]);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < BM * BN; idx += TL::THREADS) {
+    const int m = idx / BN, n = idx - m * BN;
+    const i64 e = e0 + m;
+    if (e < E && n0 + n < N) epi(e, n0 + n, Cs[m * CS + n]);
+  }
+}
+
 // Block GEMM: one BM x BN tile of C = epi(A @ B), A given element-wise by
 // a_at(m, e, k), B row-major K x N in global memory, K a multiple of BK.
 // With STAGES == 2 the next K chunk is loaded into registers while this one
@@ -289,18 +310,7 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
   }
 
   // Out through shared memory (aliases the A/B stages: all reads are done).
-  constexpr int CS = BN + APAD;
-  T* Cs = smem_at<T>(SMEM_C);
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; j += TL::W) Vec<T>::store(Cs + TL::row(ty, i) * CS + TL::col(tx, j), &acc[i][j]);
-  __syncthreads();
-  for (int idx = tid; idx < BM * BN; idx += TL::THREADS) {
-    const int m = idx / BN, n = idx - m * BN;
-    const i64 e = e0 + m;
-    if (e < E && n0 + n < N) epi(e, n0 + n, Cs[m * CS + n]);
-  }
+  store_tile<T, BM, BN, BK, TM, TN, APAD, SMEM_C>(acc, ty, tx, e0, n0, E, N, epi);
 }
 
 // ---------------------------------------------------------------------------
@@ -410,18 +420,7 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
   cp_async_wait<0>();
   __syncthreads();
 
-  constexpr int CS = BN + APAD;
-  T* Cs = smem_at<T>(SMEM_C);
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; j += W) Vec<T>::store(Cs + TL::row(ty, i) * CS + TL::col(tx, j), &acc[i][j]);
-  __syncthreads();
-  for (int idx = tid; idx < BM * BN; idx += TL::THREADS) {
-    const int m = idx / BN, n = idx - m * BN;
-    const i64 e = e0 + m;
-    if (e < E && n0 + n < N) epi(e, n0 + n, Cs[m * CS + n]);
-  }
+  store_tile<T, BM, BN, BK, TM, TN, APAD, SMEM_C>(acc, ty, tx, e0, n0, E, N, epi);
 }
 
 // The stage bodies' GEMM: PIPE 0 -> gemm_block (register staged), 1 -> gemm_pipe.
