@@ -337,7 +337,10 @@ fn parse_variant(v: &str) -> Result<(String, BackwardOptions), String> {
     Ok((v.to_string(), opts))
 }
 
-fn kernel_rows(stack: &Stack<f32>) -> Result<Vec<(String, String, f64)>, Box<dyn std::error::Error>> {
+/// (stage, kernel, ms) per launch.
+type KernelRows = Vec<(String, String, f64)>;
+
+fn kernel_rows(stack: &Stack<f32>) -> Result<KernelRows, Box<dyn std::error::Error>> {
     Ok(stack.timings()?.into_iter().map(|k| (k.stage.as_str().to_string(), k.kernel.to_string(), k.ms as f64)).collect())
 }
 

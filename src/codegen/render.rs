@@ -23,7 +23,7 @@ pub struct Renderer {
 
 /// The parameter's name: the last identifier of e.g. "const T* u".
 pub fn param_name(p: &str) -> Option<&str> {
-    let name = p.rsplit(|c: char| c == ' ' || c == '*').next()?;
+    let name = p.rsplit([' ', '*']).next()?;
     (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')).then_some(name)
 }
 

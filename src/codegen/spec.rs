@@ -168,7 +168,6 @@ pub struct Specs {
     pub tiles: TilesSpec,
 }
 
-pub const SPEC_FILES: [&str; 3] = ["ops.yaml", "stages.yaml", "tiles.yaml"];
 
 fn parse_file<T: for<'de> Deserialize<'de>>(file: &Path) -> Result<T, SpecError> {
     let text = std::fs::read_to_string(file)
