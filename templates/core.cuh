@@ -211,6 +211,17 @@ __device__ __forceinline__ void mma_chunk(T (&acc)[TM][TN], const T* As, const T
   }
 }
 
+// A GEMM block's tile origin on the flat grid, column blocks fastest (the
+// runtime's launch_config): first row and first column of blockIdx.x's tile.
+template <int BM, int BN>
+__device__ __forceinline__ i64 block_row(int N) {
+  return (i64)(blockIdx.x / ((N + BN - 1) / BN)) * BM;
+}
+template <int BN>
+__device__ __forceinline__ int block_col(int N) {
+  return (int)(blockIdx.x % ((N + BN - 1) / BN)) * BN;
+}
+
 // The accumulator tile leaves through shared memory (the caller has synced
 // past its last read of the A/B stages, which this aliases), so that epi's
 // global accesses walk consecutive columns: coalesced.
@@ -250,10 +261,8 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
   T* Bs = smem_at<T>(SMEM_B);
   const int tid = threadIdx.x;
   const int tx = tid % TL::TX, ty = tid / TL::TX;
-  // Flat grid, column blocks fastest (see the runtime's launch_config).
-  const int nb = (N + BN - 1) / BN;
-  const i64 e0 = (i64)(blockIdx.x / nb) * BM;
-  const int n0 = (int)(blockIdx.x % nb) * BN;
+  const i64 e0 = block_row<BM, BN>(N);
+  const int n0 = block_col<BN>(N);
 
   T ra[AL], rb[BL];
   auto fetch = [&](int k0) {
@@ -369,9 +378,8 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
   T* Bs = smem_at<T>(SMEM_B);
   const int tid = threadIdx.x;
   const int tx = tid % TL::TX, ty = tid / TL::TX;
-  const int nb = (N + BN - 1) / BN;
-  const i64 e0 = (i64)(blockIdx.x / nb) * BM;
-  const int n0 = (int)(blockIdx.x % nb) * BN;
+  const i64 e0 = block_row<BM, BN>(N);
+  const int n0 = block_col<BN>(N);
   const int KT = K / BK;
 
   auto load = [&](int kt) {

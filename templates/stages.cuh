@@ -233,7 +233,7 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const int off = SEG ? d.M0 : 0, K = SEG ? d.M1 : d.M0;
-  const i64 e0 = (i64)(blockIdx.x / ((K + BN - 1) / BN)) * BM;  // gemm_block's flat grid
+  const i64 e0 = block_row<BM, BN>(K);  // the GEMM's rows (N == K for a segment)
   const i64 base = (i64)f * E * d.ROW;
   const T* gf = g + base;
   const T* zf = z + base;
