@@ -296,6 +296,15 @@ fn check_no_overlap(outputs: &[Tensor], inputs: &[Tensor]) -> Result<(), Fail> {
     Ok(())
 }
 
+/// The stack behind a handle; a null handle is an error.
+///
+/// # Safety
+/// `stack` is null or a live handle from `mixstack_stack_create`.
+unsafe fn handle<'a>(stack: *const mixstack_stack) -> Result<&'a mixstack_stack, Fail> {
+    // SAFETY: the caller's contract.
+    unsafe { stack.as_ref() }.ok_or_else(|| fail(MIXSTACK_ERR_NULL_POINTER, "the stack handle is null"))
+}
+
 fn edges(e: i64) -> Result<usize, Fail> {
     usize::try_from(e).map_err(|_| fail(MIXSTACK_ERR_BAD_SHAPE, format!("E = {e} is negative")))
 }
@@ -548,10 +557,8 @@ pub unsafe extern "C" fn mixstack_forward(
 ) -> c_int {
     boundary("mixstack_forward", || {
         let e = edges(e)?;
-        // SAFETY: a live handle from mixstack_stack_create, or null.
-        let Some(s) = (unsafe { stack.as_ref() }) else {
-            return Err(fail(MIXSTACK_ERR_NULL_POINTER, "the stack handle is null"));
-        };
+        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
+        let s = unsafe { handle(stack) }?;
         if e == 0 {
             return Ok(());
         }
@@ -613,10 +620,8 @@ pub unsafe extern "C" fn mixstack_backward(
     boundary("mixstack_backward", || {
         let mode = path_mode(path)?;
         let e = edges(e)?;
-        // SAFETY: a live handle from mixstack_stack_create, or null.
-        let Some(s) = (unsafe { stack.as_ref() }) else {
-            return Err(fail(MIXSTACK_ERR_NULL_POINTER, "the stack handle is null"));
-        };
+        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
+        let s = unsafe { handle(stack) }?;
         if e == 0 {
             return Ok(());
         }
@@ -678,10 +683,8 @@ pub unsafe extern "C" fn mixstack_last_path(
     reason_len: usize,
 ) -> c_int {
     boundary("mixstack_last_path", || {
-        // SAFETY: a live handle, or null.
-        let Some(s) = (unsafe { stack.as_ref() }) else {
-            return Err(fail(MIXSTACK_ERR_NULL_POINTER, "the stack handle is null"));
-        };
+        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
+        let s = unsafe { handle(stack) }?;
         if path.is_null() {
             return Err(fail(MIXSTACK_ERR_NULL_POINTER, "`path` (where the path code is stored) is null"));
         }
