@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Tile sweep on the GPU: every accepted relay GEMM tile (bwd_gemm and
-# bwd_final together) and fused tile (m0 and m1 passes one at a time, the
-# other at its default), side by side in one `mixstack bench` run per preset.
-# Usage: scripts/sweep.sh PRESET CF   (binaries staged in .device/)
+# bwd_final together; fwd_m0, fwd_m1 and fwd_final together) and fused tile
+# (m0 and m1 passes one at a time, the other at its default), side by side in
+# one `mixstack bench` run per preset.
+# Usage: [MATCH=REGEX] scripts/sweep.sh PRESET CF   (binaries staged in
+# .device/; MATCH keeps the kernels whose names it matches)
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 preset=$1; cf=$2
@@ -12,7 +14,7 @@ import json, sys
 d = json.load(sys.stdin)
 for i in d['instances']:
     if i['stage'] == '$1' and i['dtype'] == 'f32' and i['cf'] == $cf and i['accepted']:
-        print(i['name'])"; }
+        print(i['name'])" | grep -E "${MATCH:-.}"; }
 v=(--variant relay)
 finals=$(names bwd_final)
 for n in $(names bwd_gemm); do
@@ -20,8 +22,17 @@ for n in $(names bwd_gemm); do
   f=ms_bwd_final_f32_cf${cf}_$t
   if echo "$finals" | grep -qx "$f"; then v+=(--variant "relay:bwd_gemm=$n,bwd_final=$f"); else v+=(--variant "relay:bwd_gemm=$n"); fi
 done
+fw=(--forward-variant default)
+f1s=$(names fwd_m1); ffs=$(names fwd_final)
+for n in $(names fwd_m0); do
+  t=${n#ms_fwd_m0_f32_cf${cf}_}
+  o="fwd_m0=$n"
+  echo "$f1s" | grep -qx "ms_fwd_m1_f32_cf${cf}_$t" && o+=",fwd_m1=ms_fwd_m1_f32_cf${cf}_$t"
+  echo "$ffs" | grep -qx "ms_fwd_final_f32_cf${cf}_$t" && o+=",fwd_final=ms_fwd_final_f32_cf${cf}_$t"
+  fw+=(--forward-variant "$o")
+done
 v+=(--variant fused)
 for n in $(names bwd_fused_m0); do v+=(--variant "fused:bwd_fused_m0=$n"); done
 for n in $(names bwd_fused_m1); do v+=(--variant "fused:bwd_fused_m1=$n"); done
-.device/mixstack bench --preset "$preset" --reps "${REPS:-10}" "${v[@]}" --json "$OUT/sweep_$preset.json" > "$OUT/sweep_$preset.log" 2>&1
+.device/mixstack bench --preset "$preset" --reps "${REPS:-10}" "${v[@]}" "${fw[@]}" --json "$OUT/sweep_$preset.json" > "$OUT/sweep_$preset.log" 2>&1
 grep -vE "^    " "$OUT/sweep_$preset.log" | grep -v " / relay"

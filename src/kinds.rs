@@ -135,6 +135,10 @@ pub enum Pipe {
     /// cp.async pipeline of `stages` (2..4) chunks, A stored row-major; the A
     /// operand goes async where it is a plain surface, else it is computed.
     Async,
+    /// Persistent blocks walking many tiles through one cp.async ring of
+    /// `stages` (2..4) chunks that does not drain between tiles; epilogue
+    /// straight from registers. Launched with at most the resident blocks.
+    Stream,
 }
 
 impl Pipe {
@@ -142,6 +146,7 @@ impl Pipe {
         match self {
             Pipe::Regs => "pr",
             Pipe::Async => "pa",
+            Pipe::Stream => "ps",
         }
     }
     /// The value of the kernels' PIPE template argument.
@@ -149,6 +154,7 @@ impl Pipe {
         match self {
             Pipe::Regs => 0,
             Pipe::Async => 1,
+            Pipe::Stream => 2,
         }
     }
 }

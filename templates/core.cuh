@@ -4,7 +4,7 @@
 //
 // Bit-for-bit contract between the relay and the fused backward:
 //   * every pointwise value goes through the same functions below
-//     (compute_sig_rows, compute_glogit_rows, compute_gzs_rows, gz_elem),
+//     (compute_sig_rows, compute_glogit_rows, compute_gzs_rows, gz_of),
 //     which call the same op_* in the same order;
 //   * every dot (rows_gemm, mma_chunk) accumulates op_dot_step over
 //     k = 0..K-1 in ascending order starting from zero; a GEMM output then
@@ -167,13 +167,13 @@ __device__ __forceinline__ void compute_gzs_rows(T* gzs_sh, const T* glog_sh,
   });
 }
 
-// gz at column col of row m: the scalar chain (precomputed) or a gated subtile.
+// gz at column col of a row whose g there is g_col: the scalar chain
+// (precomputed; g_col unused) or a gated subtile.
 template <typename T, int CF>
-__device__ __forceinline__ T gz_elem(const T* __restrict__ g_row, const T* sig_row,
-                                     const T* gzs_row, int L, int col) {
+__device__ __forceinline__ T gz_of(T g_col, const T* sig_row, const T* gzs_row, int L, int col) {
   if (col < CF) return gzs_row[col];
   const int r = col / CF, ch = col - r * CF;
-  return op_gate<T>(g_row[col], sig_row[group_of(r, L) * CF + ch]);
+  return op_gate<T>(g_col, sig_row[group_of(r, L) * CF + ch]);
 }
 
 // A thread owns TM x TN outputs in 16-byte groups spread over the tile
@@ -224,22 +224,23 @@ __device__ __forceinline__ int block_col(int N) {
 
 // The accumulator tile leaves through shared memory (the caller has synced
 // past its last read of the A/B stages, which this aliases), so that epi's
-// global accesses walk consecutive columns: coalesced.
+// global accesses walk consecutive columns: coalesced. epi(e, n, v) takes the
+// W accumulators of columns n..n+W-1 (every N is a multiple of W).
 template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD, int SMEM_C, typename Epi>
 __device__ __forceinline__ void store_tile(const T (&acc)[TM][TN], int ty, int tx, i64 e0, int n0,
                                            i64 E, int N, Epi epi) {
   typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
-  constexpr int CS = BN + APAD;
+  constexpr int CS = BN + APAD, W = TL::W;
   T* Cs = smem_at<T>(SMEM_C);
 #pragma unroll
   for (int i = 0; i < TM; ++i)
 #pragma unroll
-    for (int j = 0; j < TN; j += TL::W) Vec<T>::store(Cs + TL::row(ty, i) * CS + TL::col(tx, j), &acc[i][j]);
+    for (int j = 0; j < TN; j += W) Vec<T>::store(Cs + TL::row(ty, i) * CS + TL::col(tx, j), &acc[i][j]);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < BM * BN; idx += TL::THREADS) {
-    const int m = idx / BN, n = idx - m * BN;
+  for (int idx = threadIdx.x; idx < BM * BN / W; idx += TL::THREADS) {
+    const int m = idx / (BN / W), n = (idx - m * (BN / W)) * W;
     const i64 e = e0 + m;
-    if (e < E && n0 + n < N) epi(e, n0 + n, Cs[m * CS + n]);
+    if (e < E && n0 + n < N) epi(e, n0 + n, Cs + m * CS + n);
   }
 }
 
@@ -324,10 +325,9 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
 
 // ---------------------------------------------------------------------------
 // cp.async pipeline (PIPE == 1): STAGES chunks in flight, A row-major in
-// shared memory. B always goes async; A goes async when the stage gives a
-// row pointer (a plain surface), else a_at computes it into shared memory.
-
-struct NoRow {};  // "A is computed": no row pointer
+// shared memory. B always goes async; A goes async when it is a plain
+// surface (!AOp::FIX), else it is computed element by element into shared
+// memory.
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -365,14 +365,14 @@ __device__ __forceinline__ void mma_chunk_rows(T (&acc)[TM][TN], const T* As, co
 }
 
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int APAD, int SMEM_A,
-          int SMEM_B, int SMEM_C, typename AAt, typename ARow, typename Epi>
+          int SMEM_B, int SMEM_C, typename AAt, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restrict__ B, AAt a_at,
-                                          ARow a_row, Epi epi) {
+                                          const AOp& a, Epi epi) {
   typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
   constexpr int W = TL::W;
   constexpr int AK = BK + APAD;  // padded row of the row-major A tile
   constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
-  constexpr bool A_ASYNC = !std::is_same<ARow, NoRow>::value;
+  constexpr bool A_ASYNC = !AOp::FIX;
   static_assert(BK % W == 0 && BN % W == 0, "chunks of whole 16-byte vectors");
   T* As = smem_at<T>(SMEM_A);
   T* Bs = smem_at<T>(SMEM_B);
@@ -396,7 +396,7 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
         const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
         const i64 e = e0 + m;
         const bool ok = e < E;
-        cp_async16(as + m * AK + k, ok ? a_row(e) + k0 + k : B, ok ? 16 : 0);
+        cp_async16(as + m * AK + k, ok ? a.row(e) + k0 + k : B, ok ? 16 : 0);
       }
     } else {
       for (int idx = tid; idx < BM * BK; idx += TL::THREADS) {
@@ -431,15 +431,184 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
   store_tile<T, BM, BN, BK, TM, TN, APAD, SMEM_C>(acc, ty, tx, e0, n0, E, N, epi);
 }
 
-// The stage bodies' GEMM: PIPE 0 -> gemm_block (register staged), 1 -> gemm_pipe.
+// ---------------------------------------------------------------------------
+// Persistent streaming GEMM (PIPE == 2). A block walks the tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... (column blocks fastest) and streams their K
+// chunks through one cp.async ring of STAGES chunks that never drains between
+// tiles: the next tile's first chunks land while this one finishes and runs
+// its epilogue. With K = 128..192 a tile has only four to six chunks of 32, so
+// a per-tile fill/drain bubble (what PIPE 0 and 1 pay) costs a large share.
+// Thread (ty, tx) owns rows ty + i*TY and column groups tx*W + jg*TX*W: a
+// warp's A reads hit rows AK = BK + W apart (distinct banks), its B reads and
+// its epilogue's accesses are contiguous 16-byte groups. The epilogue runs
+// straight from registers: no shared-memory round trip, no barrier.
+
+// Tile (m, n) of a block's walk, advanced by gridDim.x tiles at a time
+// without 64-bit divisions.
+struct TileWalk {
+  i64 m;
+  int n;
+  __device__ __forceinline__ void step(i64 dm, int dn, int ntn) {
+    m += dm;
+    n += dn;
+    if (n >= ntn) {
+      n -= ntn;
+      ++m;
+    }
+  }
+};
+
+// acc[i][j] += A[ty + i*TY][k] * B[k][tx*W + (j/W)*TX*W + j%W] over one
+// chunk, k ascending; A row-major (stride AK), read W k-values at a time.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int AK>
+__device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, const T* Bs, int ty, int tx) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM;
+#pragma unroll
+  for (int k4 = 0; k4 < BK; k4 += W) {
+    T a[TM][W];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) Vec<T>::load(As + (ty + i * TY) * AK + k4, a[i]);
+#pragma unroll
+    for (int kk = 0; kk < W; ++kk) {
+      T b[TN];
+#pragma unroll
+      for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + (k4 + kk) * BN + tx * W + (j / W) * TX * W, b + j);
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = op_dot_step<T>(a[i][kk], b[j], acc[i][j]);
+    }
+  }
+}
+
+// The A operand (a struct of stages.cuh) gives a.row(e), the cp.async source
+// of row e at k = 0; a.tile(e0), run once per tile before its first chunk is
+// used (it may use barriers: every thread calls it); and, where AOp::FIX,
+// a.fix(m, e, k, raw), the operand element from the landed raw one, applied
+// to each chunk in place.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
+          typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
+                                            Epi epi) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
+  constexpr int AK = BK + W;  // padded row of the row-major A chunk
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
+  static_assert(STAGES >= 2, "a ring of at least two chunks");
+  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
+  T* As = smem_at<T>(SMEM_A);
+  T* Bs = smem_at<T>(SMEM_B);
+  const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+  const int ntn = (N + BN - 1) / BN;
+  const i64 tiles = (E + BM - 1) / BM * ntn;
+  if ((i64)blockIdx.x >= tiles) return;  // whole block: no barrier is skipped
+  const int KT = K / BK;
+  const i64 nq = ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * KT;  // this block's chunks
+  const i64 dm = gridDim.x / ntn;
+  const int dn = gridDim.x % ntn;
+
+  // Loader: chunk lq (tile lw, K chunk lkt) into ring slot lst; the
+  // consumer follows the same walk STAGES - 1 chunks behind.
+  const TileWalk first{(i64)(blockIdx.x / ntn), (int)(blockIdx.x % ntn)};
+  TileWalk lw = first, cw = first;
+  int lkt = 0, lst = 0;
+  i64 lq = 0;
+  auto load_next = [&]() {
+    const i64 e0 = lw.m * BM;
+    const int n0 = lw.n * BN, k0 = lkt * BK;
+    T* as = As + lst * A_STAGE;
+    T* bs = Bs + lst * B_STAGE;
+#pragma unroll
+    for (int v = tid; v < BK * BN / W; v += THREADS) {
+      const int kk = v / (BN / W), n = (v - kk * (BN / W)) * W;
+      const bool ok = n0 + n < N;
+      cp_async16(bs + kk * BN + n, B + (ok ? (i64)(k0 + kk) * N + n0 + n : 0), ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int v = tid; v < BM * BK / W; v += THREADS) {
+      const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
+      const i64 e = e0 + m;
+      const bool ok = e < E;
+      cp_async16(as + m * AK + k, ok ? a.row(e) + k0 + k : B, ok ? 16 : 0);
+    }
+    if (++lkt == KT) {
+      lkt = 0;
+      lw.step(dm, dn, ntn);
+    }
+    lst = lst + 1 == STAGES ? 0 : lst + 1;
+    ++lq;
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (lq < nq) load_next();
+    cp_async_commit();
+  }
+
+  T acc[TM][TN];
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+
+  int ckt = 0, cst = 0;
+  for (i64 q = 0; q < nq; ++q) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // chunk q has landed; everyone is done with chunk q-1's slot
+    if (lq < nq) load_next();
+    cp_async_commit();
+    T* as = As + cst * A_STAGE;
+    const i64 e0 = cw.m * BM;
+    if (ckt == 0) a.tile(e0);
+    if constexpr (AOp::FIX) {
+      if (a.fixing()) {  // uniform over the block
+        const int k0 = ckt * BK;
+        for (int idx = tid; idx < BM * BK; idx += THREADS) {
+          const int m = idx / BK, k = idx - m * BK;
+          const i64 e = e0 + m;
+          if (e < E) as[m * AK + k] = a.fix(m, e, k0 + k, as[m * AK + k]);
+        }
+        __syncthreads();
+      }
+    }
+    mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
+    cst = cst + 1 == STAGES ? 0 : cst + 1;
+    if (++ckt == KT) {
+      const int n0 = cw.n * BN;
+#pragma unroll
+      for (int i = 0; i < TM; ++i) {
+        const i64 e = e0 + ty + i * TY;
+#pragma unroll
+        for (int j = 0; j < TN; j += W) {
+          const int n = n0 + tx * W + (j / W) * TX * W;
+          if (e < E && n < N) epi(e, n, &acc[i][j]);
+        }
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+      }
+      ckt = 0;
+      cw.step(dm, dn, ntn);
+    }
+  }
+  cp_async_wait<0>();
+}
+
+
+// The stage bodies' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
+// gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring). PIPE 0
+// and 1 serve one tile per block: the A operand's tile hook runs once, first.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int APAD,
-          int SMEM_A, int SMEM_B, int SMEM_C, typename AAt, typename ARow, typename Epi>
-__device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AAt a_at, ARow a_row,
-                                     Epi epi) {
-  if constexpr (PIPE == 0) {
-    gemm_block<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, epi);
+          int SMEM_A, int SMEM_B, int SMEM_C, typename AOp, typename Epi>
+__device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi) {
+  if constexpr (PIPE == 2) {
+    gemm_stream<T, BM, BN, BK, TM, TN, STAGES, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
   } else {
-    gemm_pipe<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, a_row, epi);
+    a.tile(block_row<BM, BN>(N));
+    auto a_at = [&](int m, i64 e, int k) { return a.fix(m, e, k, a.row(e)[k]); };
+    if constexpr (PIPE == 0) {
+      gemm_block<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, epi);
+    } else {
+      gemm_pipe<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, a, epi);
+    }
   }
 }
 

@@ -12,6 +12,49 @@ __device__ __forceinline__ T* per_lg_rows(int slot, int LG) {
   return smem_at<T>(S::fixed) + (i64)slot * ROWS * LG;
 }
 
+// --------------------------------------------------------- GEMM operands
+// The A operand of a GEMM stage (the interface is gemm_stream's, core.cuh).
+
+// A plain surface: row e at base + e * stride.
+template <typename T>
+struct SurfaceA {
+  static constexpr bool FIX = false;
+  const T* base;
+  i64 stride;
+  __device__ __forceinline__ const T* row(i64 e) const { return base + e * stride; }
+  __device__ __forceinline__ void tile(i64) {}
+  __device__ __forceinline__ bool fixing() const { return false; }
+  __device__ __forceinline__ T fix(int, i64, int, T raw) const { return raw; }
+};
+
+// ga = grad_out * alpha, grad_out edge-major (row e of focus f at
+// base + e * stride), alpha folded in element by element after landing.
+template <typename T>
+struct AlphaA {
+  static constexpr bool FIX = true;
+  const T* base;
+  i64 stride;
+  const T* alpha;
+  int F, f, apply;
+  __device__ __forceinline__ const T* row(i64 e) const { return base + e * stride; }
+  __device__ __forceinline__ void tile(i64) {}
+  __device__ __forceinline__ bool fixing() const { return apply != 0; }
+  __device__ __forceinline__ T fix(int, i64 e, int, T raw) const {
+    return apply ? op_alpha_scale<T>(raw, alpha[e * F + f]) : raw;
+  }
+};
+
+// Epilogue helpers: W consecutive columns at once (16-byte accesses).
+template <typename T>
+__device__ __forceinline__ void store_residual(T* out, const T* r, const T* v) {
+  constexpr int W = Vec<T>::W;
+  T x[W];
+  Vec<T>::ldg(r, x);
+#pragma unroll
+  for (int w = 0; w < W; ++w) x[w] = op_residual<T>(x[w], v[w]);
+  Vec<T>::store(out, x);
+}
+
 // ----------------------------------------------------------------- forward
 
 template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
@@ -21,10 +64,10 @@ __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restr
   const int f = blockIdx.z;
   const T* uf = u + (i64)f * E * d.ROW;
   T* zf = z + (i64)f * E * d.ROW;
+  SurfaceA<T> a{uf, d.ROW};
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, d.M0, d.M0, w0 + (i64)f * d.M0 * d.M0,
-      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; }, [&](i64 e) { return uf + e * d.ROW; },
-      [&](i64 e, int n, T acc) { zf[e * d.ROW + n] = acc; });
+      E, d.M0, d.M0, w0 + (i64)f * d.M0 * d.M0, a,
+      [&](i64 e, int n, const T* v) { Vec<T>::store(zf + e * d.ROW + n, v); });
 }
 
 // sig = sigmoid(s @ GW); u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig].
@@ -73,14 +116,19 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
   const i64 base = (i64)f * E * d.ROW;
   const T* uf = u + base;
   const T* sigf = sig + (i64)f * E * d.LG;
+  SurfaceA<T> a{uf + d.M0, d.ROW};
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1,
-      [&](int, i64 e, int k) { return uf[e * d.ROW + d.M0 + k]; }, [&](i64 e) { return uf + e * d.ROW + d.M0; },
-      [&](i64 e, int n, T acc) {
+      E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1, a, [&](i64 e, int n, const T* v) {
+        constexpr int W = Vec<T>::W;
         const i64 at = base + e * d.ROW + d.M0 + n;
-        const int r = n / CF, gr = r < L ? r : r - L, ch = n - r * CF;
-        z[at] = acc;
-        u_next[at] = op_residual<T>(u[at], op_gate<T>(acc, sigf[e * d.LG + gr * CF + ch]));
+        const int r = n / CF, gr = r < L ? r : r - L, ch = n - r * CF;  // W columns: one subtile
+        T x[W], sg[W];
+        Vec<T>::store(z + at, v);
+        Vec<T>::ldg(u + at, x);
+        Vec<T>::ldg(sigf + e * d.LG + gr * CF + ch, sg);
+#pragma unroll
+        for (int w = 0; w < W; ++w) x[w] = op_residual<T>(x[w], op_gate<T>(v[w], sg[w]));
+        Vec<T>::store(u_next + at, x);
       });
 }
 
@@ -93,13 +141,20 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
   const int f = blockIdx.z, F = gridDim.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const T* uf = u + (i64)f * E * d.ROW + off;
+  SurfaceA<T> a{uf, d.ROW};
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, K, K, w + (i64)f * K * K,
-      [&](int, i64 e, int k) { return uf[e * d.ROW + k]; }, [&](i64 e) { return uf + e * d.ROW; },
-      [&](i64 e, int n, T acc) {
-        T v = op_residual<T>(uf[e * d.ROW + n], acc);
-        if (apply_alpha) v = op_alpha_scale<T>(v, alpha[e * F + f]);
-        out[(e * F + f) * d.ROW + off + n] = v;
+      E, K, K, w + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
+        constexpr int W = Vec<T>::W;
+        T x[W];
+        Vec<T>::ldg(uf + e * d.ROW + n, x);
+#pragma unroll
+        for (int i = 0; i < W; ++i) x[i] = op_residual<T>(x[i], v[i]);
+        if (apply_alpha) {
+          const T al = alpha[e * F + f];
+#pragma unroll
+          for (int i = 0; i < W; ++i) x[i] = op_alpha_scale<T>(x[i], al);
+        }
+        Vec<T>::store(out + (e * F + f) * d.ROW + off + n, x);
       });
 }
 
@@ -137,14 +192,17 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z, F = gridDim.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
-  auto ga = [&](i64 e, int k) {
-    const T x = grad_out[(e * F + f) * d.ROW + off + k];
-    return apply_alpha ? op_alpha_scale<T>(x, alpha[e * F + f]) : x;
-  };
+  AlphaA<T> a{grad_out + (i64)f * d.ROW + off, (i64)F * d.ROW, alpha, F, f, apply_alpha};
   T* gf = g + (i64)f * E * d.ROW + off;
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return ga(e, k); }, NoRow{},
-      [&](i64 e, int n, T acc) { gf[e * d.ROW + n] = op_residual<T>(ga(e, n), acc); });
+      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
+        constexpr int W = Vec<T>::W;
+        T x[W];
+        Vec<T>::ldg(a.row(e) + n, x);
+#pragma unroll
+        for (int i = 0; i < W; ++i) x[i] = op_residual<T>(a.fix(0, e, n + i, x[i]), v[i]);
+        Vec<T>::store(gf + e * d.ROW + n, x);
+      });
 }
 
 // Relay 1/3: sig = sigmoid(s @ GW) to memory.
@@ -196,7 +254,7 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
     const int m = idx / d.ROW, col = idx - m * d.ROW;
     const i64 e = e0 + m;
     if (e >= E) continue;
-    gz[base + e * d.ROW + col] = gz_elem<T, CF>(gf + e * d.ROW, sig_sh + m * d.LG, gzs_sh + m * CF, L, col);
+    gz[base + e * d.ROW + col] = gz_of<T, CF>(gf[e * d.ROW + col], sig_sh + m * d.LG, gzs_sh + m * CF, L, col);
   }
 }
 
@@ -209,58 +267,72 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
   const int f = blockIdx.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const i64 base = (i64)f * E * d.ROW + off;
+  SurfaceA<T> a{gz + base, d.ROW};
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, K, K, wt + (i64)f * K * K, [&](int, i64 e, int k) { return gz[base + e * d.ROW + k]; },
-      [&](i64 e) { return gz + base + e * d.ROW; },
-      [&](i64 e, int n, T acc) {
-        g_next[base + e * d.ROW + n] = op_residual<T>(g[base + e * d.ROW + n], acc);
+      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
+        const i64 at = base + e * d.ROW + n;
+        store_residual<T>(g_next + at, g + at, v);
       });
 }
 
-// Fused: one segment of g_next = g + gz_seg @ W_seg^T with gz formed per K
-// tile (BLOCK_K == Cf: one subtile) by gz_elem, never stored. The prologue
-// computes what the relay's recompute and pointwise kernels compute, with
-// the same functions: SEG 0 (m = 0, subtiles 0..L; subtile 0 is the scalar
-// chain) needs sig, g_logit and the scalar chain; SEG 1 (|m| = 1, subtiles
-// L+1..3L) needs sig only.
+// The fused passes' A operand: gz of one segment, formed per K chunk
+// (BLOCK_K == Cf: one subtile) from the landed g chunk by gz_of, never
+// stored. Its tile hook computes what the relay's recompute and pointwise
+// kernels compute, with the same functions: SEG 0 (m = 0, subtiles 0..L;
+// subtile 0 is the scalar chain) needs sig, g_logit and the scalar chain;
+// SEG 1 (|m| = 1, subtiles L+1..3L) needs sig only.
+template <typename T, int CF, int BM, int THREADS, typename S, int SEG>
+struct GzA {
+  static constexpr bool FIX = true;
+  const T* gf;
+  const T* zf;
+  const T* gwf;
+  const T* gwtf;
+  i64 E;
+  int L, LG, ROW, off;
+  __device__ __forceinline__ T* s_sh() const { return smem_at<T>(S::s_rows); }
+  __device__ __forceinline__ T* sig_sh() const { return per_lg_rows<T, S, BM>(S::sig_slot, LG); }
+  __device__ __forceinline__ T* gzs_sh() const {
+    if constexpr (SEG == 0) return smem_at<T>(S::gzs_rows);
+    else return nullptr;
+  }
+  __device__ __forceinline__ const T* row(i64 e) const { return gf + e * ROW + off; }
+  __device__ __forceinline__ bool fixing() const { return true; }
+  __device__ __forceinline__ void tile(i64 e0) {
+    load_scalar_rows<T, CF, BM, THREADS>(s_sh(), zf, e0, E, ROW);
+    __syncthreads();
+    compute_sig_rows<T, CF, BM, THREADS>(sig_sh(), s_sh(), gwf, LG);
+    __syncthreads();
+    if constexpr (SEG == 0) {
+      T* glog_sh = per_lg_rows<T, S, BM>(S::glog_slot, LG);
+      compute_glogit_rows<T, CF, BM, THREADS>(glog_sh, sig_sh(), gf, zf, e0, E, L, LG, ROW);
+      __syncthreads();
+      compute_gzs_rows<T, CF, BM, THREADS>(gzs_sh(), glog_sh, gwtf, gf, zf, e0, E, LG, ROW);
+      __syncthreads();
+    }
+  }
+  __device__ __forceinline__ T fix(int m, i64, int k, T raw) const {
+    return gz_of<T, CF>(raw, sig_sh() + m * LG, gzs_sh() + m * CF, L, off + k);
+  }
+};
+
+// Fused: one segment of g_next = g + gz_seg @ W_seg^T, gz from GzA.
 template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S, int SEG>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
                                           const T* __restrict__ gw, const T* __restrict__ gwt,
                                           const T* __restrict__ wt, T* __restrict__ g_next,
                                           i64 E, int L) {
   static_assert(BK == CF, "fused backward: one K tile is one subtile (BLOCK_K == Cf)");
-  typedef Tile<T, BM, BN, BK, TM, TN, S::apad> TL;
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const int off = SEG ? d.M0 : 0, K = SEG ? d.M1 : d.M0;
-  const i64 e0 = block_row<BM, BN>(K);  // the GEMM's rows (N == K for a segment)
   const i64 base = (i64)f * E * d.ROW;
-  const T* gf = g + base;
-  const T* zf = z + base;
-  T* s_sh = smem_at<T>(S::s_rows);
-  T* sig_sh = per_lg_rows<T, S, BM>(S::sig_slot, d.LG);
-  load_scalar_rows<T, CF, BM, TL::THREADS>(s_sh, zf, e0, E, d.ROW);
-  __syncthreads();
-  compute_sig_rows<T, CF, BM, TL::THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
-  __syncthreads();
-  T* gzs_sh = nullptr;
-  if constexpr (SEG == 0) {
-    gzs_sh = smem_at<T>(S::gzs_rows);
-    T* glog_sh = per_lg_rows<T, S, BM>(S::glog_slot, d.LG);
-    compute_glogit_rows<T, CF, BM, TL::THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW);
-    __syncthreads();
-    compute_gzs_rows<T, CF, BM, TL::THREADS>(gzs_sh, glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
-    __syncthreads();
-  }
+  GzA<T, CF, BM, (BM / TM) * (BN / TN), S, SEG> a{g + base, z + base, gw + (i64)f * CF * d.LG,
+                                                 gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW, off};
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, K, K, wt + (i64)f * K * K,
-      [&](int m, i64 e, int k) {
-        return gz_elem<T, CF>(gf + e * d.ROW, sig_sh + m * d.LG, gzs_sh + m * CF, L, off + k);
-      },
-      NoRow{},
-      [&](i64 e, int n, T acc) {
+      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         const i64 at = base + e * d.ROW + off + n;
-        g_next[at] = op_residual<T>(g[at], acc);
+        store_residual<T>(g_next + at, g + at, v);
       });
 }
 

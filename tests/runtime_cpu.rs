@@ -492,7 +492,7 @@ fn builtin_table_is_consistent() {
             let e = d.by_name(name).unwrap();
             assert!(e.accepted);
             let lg = (c.lmax * c.cf) as usize;
-            launch_config(e, 1000, 128, 2, lg).unwrap_or_else(|err| panic!("{name}: {err}"));
+            launch_config(e, 1000, 128, 2, lg, None).unwrap_or_else(|err| panic!("{name}: {err}"));
         }
     }
 }
@@ -568,18 +568,18 @@ fn geometry_gemm() {
     let mut e = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(128, 32, 32, 8, 4), true, true);
     e.smem_per_lg = 8;
     e.smem_fixed = 1000;
-    let cfg = launch_config(&e, 333, 128, 2, 96).unwrap();
+    let cfg = launch_config(&e, 333, 128, 2, 96, None).unwrap();
     assert_eq!(cfg.block_dim, (128, 1, 1)); // (128/8)*(32/4)
     assert_eq!(cfg.grid_dim, (12, 1, 2)); // ceil(333/128) * ceil(128/32), flat; F
     assert_eq!(cfg.shared_mem_bytes, 1000 + 8 * 96);
-    let cfg = launch_config(&e, 1, 192, 3, 96).unwrap();
+    let cfg = launch_config(&e, 1, 192, 3, 96, None).unwrap();
     assert_eq!(cfg.grid_dim, (6, 1, 3));
 }
 
 #[test]
 fn geometry_rows() {
     let e = entry(Stage::BwdPointwise, Dtype::F64, 64, Geometry::Rows { rows: 4, threads: 256 }, true, true);
-    let cfg = launch_config(&e, 77, 0, 1, 128).unwrap();
+    let cfg = launch_config(&e, 77, 0, 1, 128, None).unwrap();
     assert_eq!(cfg.block_dim, (256, 1, 1));
     assert_eq!(cfg.grid_dim, (20, 1, 1));
     assert_eq!(cfg.shared_mem_bytes, 0);
@@ -588,14 +588,14 @@ fn geometry_rows() {
 #[test]
 fn geometry_grid_too_large() {
     let e = entry(Stage::BwdPointwise, Dtype::F32, 32, Geometry::Rows { rows: 1, threads: 32 }, true, true);
-    let err = launch_config(&e, 1 << 31, 0, 1, 96).unwrap_err();
+    let err = launch_config(&e, 1 << 31, 0, 1, 96, None).unwrap_err();
     assert!(matches!(err, MixError::GridTooLarge { e: 2147483648, .. }), "{err}");
-    launch_config(&e, (1 << 31) - 1, 0, 1, 96).unwrap();
+    launch_config(&e, (1 << 31) - 1, 0, 1, 96, None).unwrap();
 }
 
 #[test]
 fn geometry_inconsistent_entry() {
     let mut e = entry(Stage::BwdGemm, Dtype::F32, 32, gemm(64, 64, 32, 4, 4), true, true);
     e.threads = 128; // should be 256
-    assert!(matches!(launch_config(&e, 10, 128, 1, 96), Err(MixError::TableInconsistent { .. })));
+    assert!(matches!(launch_config(&e, 10, 128, 1, 96, None), Err(MixError::TableInconsistent { .. })));
 }

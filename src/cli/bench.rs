@@ -3,7 +3,7 @@
 //! breakdown, extra peak memory and a bitwise relay-vs-fused check.
 
 use super::CliResult;
-use mixstack::runtime::{open_device, BackwardOptions, CallMemory, Path, Stack, StackShape};
+use mixstack::runtime::{open_device, BackwardOptions, CallMemory, Path, Stack, StackShape, TileOverride};
 use rand::{rngs::StdRng as SmallRng, Rng, SeedableRng};
 use serde::Serialize;
 use std::sync::Arc;
@@ -35,6 +35,11 @@ pub struct BenchArgs {
     /// `fused:bwd_fused_m0=NAME,bwd_fused_m1=NAME` (canonical names).
     #[arg(long = "variant")]
     pub variants: Vec<String>,
+    /// Forward variants to time side by side (default: the dispatch
+    /// defaults): kernel overrides `fwd_m0=NAME,fwd_m1=NAME,fwd_final=NAME`,
+    /// or `default`. The first one's outputs feed the backward.
+    #[arg(long = "forward-variant")]
+    pub forward_variants: Vec<String>,
     /// Write the results as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -119,6 +124,9 @@ pub struct BenchReport {
     pub workload: Workload,
     pub seed: u64,
     pub forward: Timing,
+    /// Every forward variant (the first is `forward`).
+    pub forward_variants: Vec<Timing>,
+    pub forward_bitwise_equal: Option<bool>,
     pub backward: Vec<Timing>,
     pub fused_bitwise_equal_to_relay: Option<bool>,
 }
@@ -149,6 +157,7 @@ pub fn run_default() -> CliResult {
             no_alpha: false,
             reps: 20,
             variants: vec![],
+            forward_variants: vec![],
             json: None,
         }),
         Err(e) => {
@@ -227,27 +236,47 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let grad_out = stream.clone_htod(&random(&mut rng, w.f * w.e * row, -1.0, 1.0))?;
     let alpha = stream.clone_htod(&random(&mut rng, w.e * w.f, 0.25, 1.25))?;
 
-    // forward
+    // forward variants, interleaved per repetition
+    let fspecs = if args.forward_variants.is_empty() { vec!["default".to_string()] } else { args.forward_variants.clone() };
+    let fparsed: Vec<(String, TileOverride)> = fspecs.iter().map(|v| parse_overrides(v, v)).collect::<Result<_, _>>()?;
     let warmup = 3;
-    let mut fwd_ms = Vec::new();
+    let mut fwd_ms: Vec<Vec<f64>> = vec![Vec::new(); fparsed.len()];
     let mut saved = None;
     for i in 0..warmup + args.reps {
-        let mut res = None;
-        let t = time_ms(&stream, &mut || {
-            res = Some(stack.forward(&stream, &u0, &alpha, w.apply_alpha)?);
-            Ok(())
-        })?;
-        if i >= warmup {
-            fwd_ms.push(t);
+        for (v, (_, tiles)) in fparsed.iter().enumerate() {
+            let mut res = None;
+            let t = time_ms(&stream, &mut || {
+                res = Some(stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, tiles)?);
+                Ok(())
+            })?;
+            if i >= warmup {
+                fwd_ms[v].push(t);
+            }
+            if v == 0 {
+                saved = res;
+            }
         }
-        saved = res;
     }
-    let fwd_mem = stack.last_forward_memory().unwrap_or_default();
-    stack.set_profiling(true);
-    let _ = stack.forward(&stream, &u0, &alpha, w.apply_alpha)?;
-    let fwd_kernels = kernel_rows(&stack)?;
-    stack.set_profiling(false);
-    let forward = summarise("forward", "relay", fwd_ms, w.forward_flops(), w.forward_bytes(), fwd_mem, fwd_kernels);
+    // Every variant's outputs against the first's, compared as they come (a
+    // sweep's outputs would not fit in host memory together).
+    let mut forward_variants = Vec::new();
+    let mut first: Option<Vec<Vec<f32>>> = None;
+    let mut forward_bitwise = None;
+    for (v, (label, tiles)) in fparsed.iter().enumerate() {
+        stack.set_profiling(true);
+        let (o, z) = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, tiles)?;
+        let kernels = kernel_rows(&stack)?;
+        stack.set_profiling(false);
+        let mem = stack.last_forward_memory().unwrap_or_default();
+        let got = vec![stream.clone_dtoh(&o)?, stream.clone_dtoh(&z)?];
+        match &first {
+            None => first = Some(got),
+            Some(f) => forward_bitwise = Some(forward_bitwise.unwrap_or(true) && bitwise_equal(f, &got)),
+        }
+        forward_variants.push(summarise(label, "relay", fwd_ms[v].clone(), w.forward_flops(), w.forward_bytes(), mem, kernels));
+    }
+    drop(first);
+    let forward = forward_variants[0].clone();
     let (out, z_all) = saved.ok_or("no forward ran")?;
 
     // backward variants, interleaved per repetition
@@ -280,26 +309,34 @@ pub fn run(args: &BenchArgs) -> CliResult {
         }
     }
     let mut backward = Vec::new();
-    let mut results = Vec::new();
+    let mut first: Option<Vec<Vec<f32>>> = None;
+    let (mut any_fused, mut all_equal) = (false, true);
     for (v, (label, opts)) in variants.iter().enumerate() {
         stack.set_profiling(true);
         let (gu, ga, d) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts)?;
         let kernels = kernel_rows(&stack)?;
         stack.set_profiling(false);
         let mem = stack.last_backward_memory().unwrap_or_default();
-        results.push((d.path, stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?));
+        any_fused |= d.path == Path::Fused;
+        let got = vec![stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?];
+        match &first {
+            None => first = Some(got),
+            Some(f) => all_equal &= bitwise_equal(f, &got),
+        }
         backward.push(summarise(label, paths[v].as_str(), times[v].clone(), w.backward_flops(), w.backward_bytes(), mem, kernels));
     }
     // Every variant against the first (all must agree bit for bit).
-    let any_fused = results.iter().any(|r| r.0 == Path::Fused);
-    let bitwise = (any_fused && results.len() > 1).then(|| {
-        results.iter().skip(1).all(|r| {
-            r.1.iter().zip(&results[0].1).all(|(a, b)| a.to_bits() == b.to_bits())
-                && r.2.iter().zip(&results[0].2).all(|(a, b)| a.to_bits() == b.to_bits())
-        })
-    });
+    let bitwise = (any_fused && variants.len() > 1).then_some(all_equal);
 
-    print_timing(&forward);
+    for t in &forward_variants {
+        print_timing(t);
+    }
+    for t in forward_variants.iter().skip(1) {
+        println!("{} / {} forward median: {:.3}", t.label, forward_variants[0].label, t.median_ms / forward_variants[0].median_ms);
+    }
+    if let Some(b) = forward_bitwise {
+        println!("every forward variant vs {} bitwise (out, z_all, every element): {}", forward_variants[0].label, if b { "EQUAL" } else { "DIFFERENT" });
+    }
     for t in &backward {
         print_timing(t);
     }
@@ -310,7 +347,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
         Some(b) => println!("every variant vs {} bitwise (grad_u0, grad_alpha, every element): {}", backward[0].label, if b { "EQUAL" } else { "DIFFERENT" }),
         None => println!("fused path not taken for this workload: relay only"),
     }
-    let report = BenchReport { device, workload: w, seed, forward, backward, fused_bitwise_equal_to_relay: bitwise };
+    let report = BenchReport {
+        device,
+        workload: w,
+        seed,
+        forward,
+        forward_variants,
+        forward_bitwise_equal: forward_bitwise,
+        backward,
+        fused_bitwise_equal_to_relay: bitwise,
+    };
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
         println!("wrote {}", p.display());
@@ -318,7 +364,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
     if bitwise == Some(false) {
         return Err("fused backward is not bitwise equal to the relay".into());
     }
+    if forward_bitwise == Some(false) {
+        return Err("forward variants are not bitwise equal".into());
+    }
     Ok(())
+}
+
+/// Same length and the same bit pattern in every element of every buffer.
+fn bitwise_equal(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()))
 }
 
 /// `relay` | `fused` [`:STAGE=NAME,...`].
@@ -329,12 +384,19 @@ fn parse_variant(v: &str) -> Result<(String, BackwardOptions), String> {
         "fused" => BackwardOptions::fused(),
         other => return Err(format!("variant '{v}': path '{other}' is not relay or fused")),
     };
-    for kv in overrides.split(',').filter(|s| !s.is_empty()) {
+    opts.tiles = parse_overrides(v, overrides)?.1;
+    Ok((v.to_string(), opts))
+}
+
+/// `STAGE=NAME,...` (or `default`: none) of variant `v`.
+fn parse_overrides(v: &str, overrides: &str) -> Result<(String, TileOverride), String> {
+    let mut tiles = TileOverride::new();
+    for kv in overrides.split(',').filter(|s| !s.is_empty() && *s != "default") {
         let (stage, name) = kv.split_once('=').ok_or_else(|| format!("variant '{v}': '{kv}' is not STAGE=NAME"))?;
         let stage = mixstack::kinds::Stage::parse(stage).ok_or_else(|| format!("variant '{v}': unknown stage '{stage}'"))?;
-        opts.tiles.set(stage, name);
+        tiles.set(stage, name);
     }
-    Ok((v.to_string(), opts))
+    Ok((v.to_string(), tiles))
 }
 
 /// (stage, kernel, ms) per launch.

@@ -67,7 +67,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
             SmemBuf::ATile => {
                 l.a_tile = match pipe {
                     crate::kinds::Pipe::Regs => place(stages * bk * (bm + apad) * sz),
-                    crate::kinds::Pipe::Async => place(stages * bm * (bk + apad) * sz),
+                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => place(stages * bm * (bk + apad) * sz),
                 }
             }
             SmemBuf::BTile => l.b_tile = place(stages * bk * bn * sz),
@@ -79,7 +79,10 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     l.fixed = at;
     if matches!(g, Geometry::Gemm { .. }) {
         l.c_tile = Some(0);
-        l.fixed = l.fixed.max(align16(bm * (bn + apad) * sz));
+        // The streaming pipe's epilogue leaves from registers: no C tile.
+        if pipe != crate::kinds::Pipe::Stream {
+            l.fixed = l.fixed.max(align16(bm * (bn + apad) * sz));
+        }
     }
     let mut slots = 0u32;
     for b in bufs {

@@ -13,7 +13,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStrea
 use cudarc::nvrtc::Ptx;
 
 use super::error::{DriverContext, MixError};
-use super::table::{Geometry, KernelEntry, Stage};
+use super::table::{Geometry, KernelEntry, Pipe, Stage};
 
 /// Dynamic shared memory a kernel gets without opting in.
 pub const DEFAULT_DYNAMIC_SMEM: u64 = 48 * 1024;
@@ -26,11 +26,21 @@ pub const MAX_THREADS: u32 = 1024;
 
 /// Launch configuration of `entry` for `e` edges, `n` output columns (GEMM
 /// stages; ignored for row-wise ones), `f` focus streams and gate width `lg`.
+/// `resident`: how many blocks of this kernel the device holds at once, if
+/// known; a `pipe: stream` kernel walks its tiles with at most that many
+/// blocks (split over the `f` focus streams), else one block per tile.
 /// Pure: checks the entry's own consistency and the grid limits.
-pub fn launch_config(entry: &KernelEntry, e: usize, n: usize, f: usize, lg: usize) -> Result<LaunchConfig, MixError> {
+pub fn launch_config(
+    entry: &KernelEntry,
+    e: usize,
+    n: usize,
+    f: usize,
+    lg: usize,
+    resident: Option<u64>,
+) -> Result<LaunchConfig, MixError> {
     let bad = |why: String| MixError::TableInconsistent { kernel: entry.name, why };
     let (threads, gx, gy) = match entry.geometry {
-        Geometry::Gemm { block_m, bn, tm, tn, .. } => {
+        Geometry::Gemm { block_m, bn, tm, tn, pipe, .. } => {
             if block_m == 0 || bn == 0 || tm == 0 || tn == 0 || block_m % tm != 0 || bn % tn != 0 {
                 return Err(bad(format!("GEMM tile {block_m}x{bn} with thread tile {tm}x{tn}")));
             }
@@ -40,7 +50,12 @@ pub fn launch_config(entry: &KernelEntry, e: usize, n: usize, f: usize, lg: usiz
             }
             // One flat x dimension, column blocks fastest: the blocks that
             // read the same A rows run together and share them through L2.
-            (t, (e as u64).div_ceil(block_m as u64) * (n as u64).div_ceil(bn as u64), 1)
+            let tiles = (e as u64).div_ceil(block_m as u64) * (n as u64).div_ceil(bn as u64);
+            let blocks = match (pipe, resident) {
+                (Pipe::Stream, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
+                _ => tiles,
+            };
+            (t, blocks, 1)
         }
         Geometry::Rows { rows, threads } => {
             if rows == 0 {
@@ -111,7 +126,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
     lg: usize,
-    cache: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Loaded function and how many of its blocks the device holds at once.
+    cache: Mutex<HashMap<&'static str, (CudaFunction, u64)>>,
     /// `Some` while profiling: event pairs of launches not yet collected.
     profile: Mutex<Option<Vec<Timed>>>,
 }
@@ -175,8 +191,9 @@ impl Kernels {
     }
 
     /// The loaded function of `entry` (loads its module on first use and
-    /// opts in to more than 48 KiB of dynamic shared memory where needed).
-    pub(crate) fn function(&self, entry: &'static KernelEntry) -> Result<CudaFunction, MixError> {
+    /// opts in to more than 48 KiB of dynamic shared memory where needed),
+    /// with the number of its blocks resident on the whole device at once.
+    pub(crate) fn function(&self, entry: &'static KernelEntry) -> Result<(CudaFunction, u64), MixError> {
         let mut cache = lock(&self.cache);
         if let Some(f) = cache.get(entry.name) {
             return Ok(f.clone());
@@ -201,8 +218,16 @@ impl Kernels {
             func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                 .during(|| format!("setting {} bytes of dynamic shared memory on {}", smem, entry.name))?;
         }
-        cache.insert(entry.name, func.clone());
-        Ok(func)
+        let per_sm = func
+            .occupancy_max_active_blocks_per_multiprocessor(entry.threads, smem as usize, None)
+            .during(|| format!("querying the occupancy of {}", entry.name))?;
+        let sms = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during(|| "querying the multiprocessor count".into())?;
+        let resident = per_sm.max(1) as u64 * sms.max(1) as u64;
+        cache.insert(entry.name, (func.clone(), resident));
+        Ok((func, resident))
     }
 
     /// Launch `entry` on `stream` over `e` edges and `n` output columns.
@@ -215,8 +240,8 @@ impl Kernels {
         f: usize,
         args: &[Arg],
     ) -> Result<(), MixError> {
-        let cfg = launch_config(entry, e, n, f, self.lg)?;
-        let func = self.function(entry)?;
+        let (func, resident) = self.function(entry)?;
+        let cfg = launch_config(entry, e, n, f, self.lg, Some(resident))?;
         let profiling = lock(&self.profile).is_some();
         let mut b = stream.launch_builder(&func);
         for a in args {

@@ -335,6 +335,19 @@ impl<T: Element> Stack<T> {
         alpha: &CudaSlice<T>,
         apply_alpha: bool,
     ) -> Result<(CudaSlice<T>, CudaSlice<T>), MixError> {
+        self.forward_with(stream, u0, alpha, apply_alpha, &TileOverride::new())
+    }
+
+    /// [`Stack::forward`] with per-stage kernel overrides (forward stages
+    /// only; any candidate of this stack's key), for tile sweeps.
+    pub fn forward_with(
+        &self,
+        stream: &Arc<CudaStream>,
+        u0: &CudaSlice<T>,
+        alpha: &CudaSlice<T>,
+        apply_alpha: bool,
+        tiles: &TileOverride,
+    ) -> Result<(CudaSlice<T>, CudaSlice<T>), MixError> {
         self.check_stream(stream)?;
         self.check_slice(u0, "u0")?;
         self.check_slice(alpha, "alpha")?;
@@ -352,7 +365,7 @@ impl<T: Element> Stack<T> {
             let (p_out, _s2) = out.device_ptr_mut(stream);
             let (p_z, _s3) = z_all.device_ptr_mut(stream);
             let ptrs = ForwardPtrs { u0: p_u0, alpha: p_alpha, out: p_out, z_all: p_z };
-            self.forward_core(stream, e, &ptrs, apply_alpha, &mut tr)?;
+            self.forward_core(stream, e, &ptrs, apply_alpha, tiles, &mut tr)?;
         }
         *lock(&self.last_forward) = Some(tr.finish());
         Ok((out, z_all))
@@ -441,7 +454,7 @@ impl<T: Element> Stack<T> {
             if self.shape.gated() > 0 {
                 nonnull(ptrs.z_all, "z_all")?;
             }
-            self.forward_core(stream, e, ptrs, apply_alpha, &mut tr)?;
+            self.forward_core(stream, e, ptrs, apply_alpha, &TileOverride::new(), &mut tr)?;
         }
         *lock(&self.last_forward) = Some(tr.finish());
         Ok(())
@@ -498,21 +511,21 @@ impl<T: Element> Stack<T> {
         e: usize,
         p: &ForwardPtrs,
         apply_alpha: bool,
+        tiles: &TileOverride,
         tr: &mut Tracker<'_>,
     ) -> Result<(), MixError> {
         let sh = self.shape;
-        let none = TileOverride::new();
         let gated = sh.gated();
         let layer_kernels = if gated > 0 {
             Some((
-                self.select(Stage::FwdM0, &none)?,
-                self.select(Stage::FwdGate, &none)?,
-                self.select(Stage::FwdM1, &none)?,
+                self.select(Stage::FwdM0, tiles)?,
+                self.select(Stage::FwdGate, tiles)?,
+                self.select(Stage::FwdM1, tiles)?,
             ))
         } else {
             None
         };
-        let k_final = self.select(Stage::FwdFinal, &none)?;
+        let k_final = self.select(Stage::FwdFinal, tiles)?;
 
         let (f, m0, m1) = (sh.f, sh.m0(), sh.m1());
         let sz = std::mem::size_of::<T>() as u64;
