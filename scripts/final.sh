@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# One GPU session's worth of evidence, in priority order, each step with its
-# own time limit so the results archive is always written: GPU tests, verify,
-# the seed tile sweep, the side-by-side benchmarks of BENCH.md (cf32 with the
-# fastest measured tiles, cf64 with its defaults), the PyTorch op's tests and
-# timing. Everything lands in $OUT/results.tar.gz.
+# One GPU session's closing evidence, each step with its own time limit so
+# the results archive is always written: GPU tests, verify, the side-by-side
+# benchmarks of BENCH.md (defaults against the named alternatives), the
+# PyTorch op's tests and timing. Everything lands in $OUT/results.tar.gz.
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
 export MIXSTACK_VECTORS="$PWD/vectors"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
-timeout 45 .device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log" 2>&1; echo "gpu_stack rc=$? $(grep 'test result' "$OUT/gpu_stack.log")"
-timeout 15 .device/mixstack verify > "$OUT/verify.log" 2>&1; echo "verify rc=$? $(tail -1 "$OUT/verify.log")"
-REPS=5 timeout 85 bash scripts/sweep.sh seed 32 > /dev/null; echo "sweep rc=$?"
-for p in seed f1 cf64; do
-  # cf32 workloads run the fastest tiles of the seed sweep; cf64 its defaults
-  if [ $p = cf64 ] || [ ! -s "$OUT/sweep_seed.json" ]; then v=(relay fused); else mapfile -t v < <(python3 scripts/pick_tiles.py "$OUT/sweep_seed.json"); fi
-  echo "== bench $p: ${v[*]}"
-  timeout 35 .device/mixstack bench --preset $p --reps 12 --variant "${v[0]}" --variant "${v[1]}" --json "$OUT/bench_$p.json" > "$OUT/bench_$p.log" 2>&1
+timeout 60 .device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log" 2>&1; echo "gpu_stack rc=$? $(grep 'test result' "$OUT/gpu_stack.log")"
+timeout 20 .device/mixstack verify > "$OUT/verify.log" 2>&1; echo "verify rc=$? $(tail -1 "$OUT/verify.log")"
+k() { echo "ms_$1_f32_cf$2_$3"; }
+bench() {  # PRESET ARGS...
+  p=$1; shift
+  echo "== bench $p"
+  timeout 60 .device/mixstack bench --preset "$p" --reps 12 "$@" --json "$OUT/bench_$p.json" > "$OUT/bench_$p.log" 2>&1
   grep -vE "^    " "$OUT/bench_$p.log"
-done
-MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 75 python3 python/tests/test_torch_op.py --bench --repeats 5 > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -25 "$OUT/torch_op.log"
+}
+old32="fwd_m0=$(k fwd_m0 32 m128_n64_k32_t8x4_s2_b1_pa),fwd_m1=$(k fwd_m1 32 m128_n64_k32_t8x4_s2_b1_pa),fwd_final=$(k fwd_final 32 m128_n64_k32_t8x4_s2_b1_pa)"
+n192="fused:bwd_fused_m1=$(k bwd_fused_m1 32 m64_n192_k32_t4x12_s2_b2_ps)"
+bench seed --variant relay --variant fused --variant "$n192" --forward-variant default --forward-variant "$old32"
+bench f1 --variant relay --variant fused --variant "$n192"
+old64="fwd_m0=$(k fwd_m0 64 m128_n64_k32_t8x4_s2_b1_pa),fwd_m1=$(k fwd_m1 64 m128_n64_k32_t8x4_s2_b1_pa),fwd_final=$(k fwd_final 64 m128_n64_k32_t8x4_s2_b1_pa)"
+bench cf64 --variant relay --variant "relay:bwd_gemm=$(k bwd_gemm 64 m64_n64_k16_t4x4_s2_b1_pr),bwd_final=$(k bwd_final 64 m64_n64_k16_t4x4_s2_b1_pr)" \
+  --variant fused --variant "fused:bwd_fused_m0=$(k bwd_fused_m0 64 m64_n64_k64_t4x4_s3_b2_ps),bwd_fused_m1=$(k bwd_fused_m1 64 m64_n64_k64_t4x4_s3_b2_ps)" \
+  --forward-variant default --forward-variant "$old64"
+MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 90 python3 python/tests/test_torch_op.py --bench --repeats 5 > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -12 "$OUT/torch_op.log"
 cd "$OUT" && tar -czf /tmp/results.tar.gz ./* && rm -rf "$OUT"/* && mv /tmp/results.tar.gz "$OUT"/results.tar.gz

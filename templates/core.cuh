@@ -75,35 +75,42 @@ template <> struct Vec<double> {
 //
 // rows_gemm: for m < ROWS, n < N: epi(m, n, sum_k A[m*lda + k] * B[k*N + n]),
 // k ascending from zero. A in shared memory, B row-major in global memory
-// (N a multiple of 4). Each thread owns a 4-row x 4-column register tile:
-// one vector load of B and four broadcast loads of A feed 16 FMAs.
-template <typename T, int ROWS, int THREADS, typename Epi>
+// (N a multiple of 4; B is small and stays in L1). A thread owns an RM-row x
+// 4-column register tile, RM chosen so that the smallest of these contractions
+// (N = Cf) still gives every thread a tile: one vector load of B and RM
+// broadcast loads of A feed 4*RM FMAs.
+template <typename T, int ROWS, int THREADS, int NMIN>
+__host__ __device__ constexpr int rows_tile_m() {
+  return ROWS * NMIN / 4 >= 4 * THREADS ? 4 : (ROWS * NMIN / 4 >= 2 * THREADS ? 2 : 1);
+}
+template <typename T, int ROWS, int THREADS, int NMIN, typename Epi>
 __device__ __forceinline__ void rows_gemm(const T* A, int lda, const T* __restrict__ B,
                                           int K, int N, Epi epi) {
-  static_assert(ROWS % 4 == 0, "rows_gemm works on 4-row groups");
+  constexpr int RM = rows_tile_m<T, ROWS, THREADS, NMIN>();
+  static_assert(ROWS % RM == 0, "rows_gemm works on RM-row groups");
   constexpr int W = Vec<T>::W;
   const int ncol = N / 4;
-  for (int it = threadIdx.x; it < (ROWS / 4) * ncol; it += THREADS) {
-    const int m0 = (it / ncol) * 4, n0 = (it - (it / ncol) * ncol) * 4;
-    T acc[4][4];
+  for (int it = threadIdx.x; it < (ROWS / RM) * ncol; it += THREADS) {
+    const int m0 = (it / ncol) * RM, n0 = (it - (it / ncol) * ncol) * 4;
+    T acc[RM][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < RM; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
 #pragma unroll 4
     for (int k = 0; k < K; ++k) {
-      T a[4], b[4];
+      T a[RM], b[4];
 #pragma unroll
       for (int j = 0; j < 4; j += W) Vec<T>::ldg(B + (i64)k * N + n0 + j, b + j);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = A[(m0 + i) * lda + k];
+      for (int i = 0; i < RM; ++i) a[i] = A[(m0 + i) * lda + k];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < RM; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = op_dot_step<T>(a[i], b[j], acc[i][j]);
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < RM; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) epi(m0 + i, n0 + j, acc[i][j]);
   }
@@ -113,10 +120,16 @@ __device__ __forceinline__ void rows_gemm(const T* A, int lda, const T* __restri
 template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void load_scalar_rows(T* s_sh, const T* __restrict__ zf,
                                                  i64 e0, i64 E, int ROW) {
-  for (int idx = threadIdx.x; idx < ROWS * CF; idx += THREADS) {
-    const int m = idx / CF, j = idx - m * CF;
+  constexpr int W = Vec<T>::W;
+  for (int idx = threadIdx.x; idx < ROWS * CF / W; idx += THREADS) {
+    const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
     const i64 e = e0 + m;
-    s_sh[idx] = e < E ? zf[e * ROW + j] : T(0);
+    if (e < E) {
+      Vec<T>::ldg(zf + e * ROW + j, s_sh + m * CF + j);
+    } else {
+#pragma unroll
+      for (int w = 0; w < W; ++w) s_sh[m * CF + j + w] = T(0);
+    }
   }
 }
 
@@ -124,21 +137,25 @@ __device__ __forceinline__ void load_scalar_rows(T* s_sh, const T* __restrict__ 
 template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void compute_sig_rows(T* sig_sh, const T* s_sh,
                                                  const T* __restrict__ gwf, int LG) {
-  rows_gemm<T, ROWS, THREADS>(s_sh, CF, gwf, CF, LG,
-                              [&](int m, int c, T acc) { sig_sh[m * LG + c] = op_sigmoid<T>(acc); });
+  rows_gemm<T, ROWS, THREADS, CF>(s_sh, CF, gwf, CF, LG,
+                                  [&](int m, int c, T acc) { sig_sh[m * LG + c] = op_sigmoid<T>(acc); });
 }
 
-// glog_sh[m][c]: gradient of gate logit c from the group's three subtiles.
+// glog_sh[m][c]: gradient of gate logit c from the group's three subtiles
+// (W channels per step: 16-byte loads of g and z).
 template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
                                                     const T* __restrict__ gf,
                                                     const T* __restrict__ zf,
                                                     i64 e0, i64 E, int L, int LG, int ROW) {
-  for (int idx = threadIdx.x; idx < ROWS * LG; idx += THREADS) {
-    const int m = idx / LG, c = idx - m * LG;
+  constexpr int W = Vec<T>::W;
+  for (int idx = threadIdx.x; idx < ROWS * LG / W; idx += THREADS) {
+    const int m = idx / (LG / W), c = (idx - m * (LG / W)) * W;
     const i64 e = e0 + m;
+    T* out = glog_sh + m * LG + c;
     if (e >= E) {
-      glog_sh[idx] = T(0);
+#pragma unroll
+      for (int w = 0; w < W; ++w) out[w] = T(0);
       continue;
     }
     const int gr = c / CF, ch = c - gr * CF;
@@ -147,8 +164,16 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
     const int ca = (1 + gr) * CF + ch;
     const int cb = (L + 1 + gr) * CF + ch;
     const int cc = (2 * L + 1 + gr) * CF + ch;
-    const T gs = op_gsig3<T>(g_row[ca], z_row[ca], g_row[cb], z_row[cb], g_row[cc], z_row[cc]);
-    glog_sh[idx] = op_glogit<T>(gs, sig_sh[idx]);
+    T ga[W], za[W], gb[W], zb[W], gc[W], zc[W];
+    Vec<T>::ldg(g_row + ca, ga);
+    Vec<T>::ldg(z_row + ca, za);
+    Vec<T>::ldg(g_row + cb, gb);
+    Vec<T>::ldg(z_row + cb, zb);
+    Vec<T>::ldg(g_row + cc, gc);
+    Vec<T>::ldg(z_row + cc, zc);
+#pragma unroll
+    for (int w = 0; w < W; ++w)
+      out[w] = op_glogit<T>(op_gsig3<T>(ga[w], za[w], gb[w], zb[w], gc[w], zc[w]), sig_sh[m * LG + c + w]);
   }
 }
 
@@ -160,7 +185,7 @@ __device__ __forceinline__ void compute_gzs_rows(T* gzs_sh, const T* glog_sh,
                                                  const T* __restrict__ gf,
                                                  const T* __restrict__ zf,
                                                  i64 e0, i64 E, int LG, int ROW) {
-  rows_gemm<T, ROWS, THREADS>(glog_sh, LG, gwtf, LG, CF, [&](int m, int j, T acc) {
+  rows_gemm<T, ROWS, THREADS, CF>(glog_sh, LG, gwtf, LG, CF, [&](int m, int j, T acc) {
     const i64 e = e0 + m;
     gzs_sh[m * CF + j] =
         e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], zf[e * ROW + j]), acc) : T(0);

@@ -12,6 +12,28 @@ __device__ __forceinline__ T* per_lg_rows(int slot, int LG) {
   return smem_at<T>(S::fixed) + (i64)slot * ROWS * LG;
 }
 
+// Rows e0.. of a (E x N) surface to and from shared memory, 16 bytes at a
+// time (N a multiple of the vector width); rows past E read as zero.
+template <typename T, int ROWS, int THREADS>
+__device__ __forceinline__ void store_rows(T* dst, const T* sh, i64 e0, i64 E, int N) {
+  constexpr int W = Vec<T>::W;
+  for (int idx = threadIdx.x; idx < ROWS * N / W; idx += THREADS) {
+    if (e0 + idx / (N / W) < E) Vec<T>::store(dst + e0 * N + (i64)idx * W, sh + idx * W);
+  }
+}
+template <typename T, int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows(T* sh, const T* src, i64 e0, i64 E, int N) {
+  constexpr int W = Vec<T>::W;
+  for (int idx = threadIdx.x; idx < ROWS * N / W; idx += THREADS) {
+    if (e0 + idx / (N / W) < E) {
+      Vec<T>::ldg(src + e0 * N + (i64)idx * W, sh + idx * W);
+    } else {
+#pragma unroll
+      for (int w = 0; w < W; ++w) sh[idx * W + w] = T(0);
+    }
+  }
+}
+
 // --------------------------------------------------------- GEMM operands
 // The A operand of a GEMM stage (the interface is gemm_stream's, core.cuh).
 
@@ -85,24 +107,28 @@ __device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __res
   __syncthreads();
   compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
   __syncthreads();
-  T* sigf = sig + (i64)f * E * d.LG;
-  for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
-    const int m = idx / d.LG, c = idx - m * d.LG;
-    if (e0 + m < E) sigf[(e0 + m) * d.LG + c] = sig_sh[idx];
-  }
-  for (int idx = threadIdx.x; idx < ROWS * d.M0; idx += THREADS) {
-    const int m = idx / d.M0, col = idx - m * d.M0;
+  store_rows<T, ROWS, THREADS>(sig + (i64)f * E * d.LG, sig_sh, e0, E, d.LG);
+  constexpr int W = Vec<T>::W;
+  for (int idx = threadIdx.x; idx < ROWS * d.M0 / W; idx += THREADS) {
+    const int m = idx / (d.M0 / W), col = (idx - m * (d.M0 / W)) * W;
     const i64 e = e0 + m;
     if (e >= E) continue;
     const i64 at = base + e * d.ROW + col;
-    T act;
+    T act[W], x[W];
     if (col < CF) {
-      act = op_silu<T>(s_sh[m * CF + col]);
+#pragma unroll
+      for (int w = 0; w < W; ++w) act[w] = op_silu<T>(s_sh[m * CF + col + w]);
     } else {
-      const int r = col / CF, ch = col - r * CF;
-      act = op_gate<T>(z[at], sig_sh[m * d.LG + group_of(r, L) * CF + ch]);
+      const int r = col / CF, ch = col - r * CF;  // W columns: one subtile
+      const T* sg = sig_sh + m * d.LG + group_of(r, L) * CF + ch;
+      Vec<T>::ldg(z + at, act);
+#pragma unroll
+      for (int w = 0; w < W; ++w) act[w] = op_gate<T>(act[w], sg[w]);
     }
-    u_next[at] = op_residual<T>(u[at], act);
+    Vec<T>::ldg(u + at, x);
+#pragma unroll
+    for (int w = 0; w < W; ++w) x[w] = op_residual<T>(x[w], act[w]);
+    Vec<T>::store(u_next + at, x);
   }
 }
 
@@ -218,11 +244,7 @@ __device__ __forceinline__ void bwd_recompute(const T* __restrict__ z, const T* 
   __syncthreads();
   compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
   __syncthreads();
-  T* sigf = sig + (i64)f * E * d.LG;
-  for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
-    const int m = idx / d.LG;
-    if (e0 + m < E) sigf[e0 * d.LG + idx] = sig_sh[idx];
-  }
+  store_rows<T, ROWS, THREADS>(sig + (i64)f * E * d.LG, sig_sh, e0, E, d.LG);
 }
 
 // Relay 2/3: gz from g, z and sig (scalar chain folded in) to memory.
@@ -241,20 +263,22 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
   T* gzs_sh = smem_at<T>(S::gzs_rows);
   T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
   T* glog_sh = per_lg_rows<T, S, ROWS>(S::glog_slot, d.LG);
-  for (int idx = threadIdx.x; idx < ROWS * d.LG; idx += THREADS) {
-    const int m = idx / d.LG;
-    sig_sh[idx] = e0 + m < E ? sigf[e0 * d.LG + idx] : T(0);
-  }
+  load_rows<T, ROWS, THREADS>(sig_sh, sigf, e0, E, d.LG);
   __syncthreads();
   compute_glogit_rows<T, CF, ROWS, THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW);
   __syncthreads();
   compute_gzs_rows<T, CF, ROWS, THREADS>(gzs_sh, glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < ROWS * d.ROW; idx += THREADS) {
-    const int m = idx / d.ROW, col = idx - m * d.ROW;
+  constexpr int W = Vec<T>::W;
+  for (int idx = threadIdx.x; idx < ROWS * d.ROW / W; idx += THREADS) {
+    const int m = idx / (d.ROW / W), col = (idx - m * (d.ROW / W)) * W;
     const i64 e = e0 + m;
     if (e >= E) continue;
-    gz[base + e * d.ROW + col] = gz_of<T, CF>(gf[e * d.ROW + col], sig_sh + m * d.LG, gzs_sh + m * CF, L, col);
+    T x[W];
+    Vec<T>::ldg(gf + e * d.ROW + col, x);
+#pragma unroll
+    for (int w = 0; w < W; ++w) x[w] = gz_of<T, CF>(x[w], sig_sh + m * d.LG, gzs_sh + m * CF, L, col + w);
+    Vec<T>::store(gz + base + e * d.ROW + col, x);
   }
 }
 
