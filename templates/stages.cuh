@@ -62,7 +62,7 @@ struct AlphaA {
   __device__ __forceinline__ void tile(i64) {}
   __device__ __forceinline__ bool fixing() const { return apply != 0; }
   __device__ __forceinline__ T fix(int, i64 e, int, T raw) const {
-    return apply ? op_alpha_scale<T>(raw, alpha[e * F + f]) : raw;
+    return apply ? op_alpha_scale<T>(raw, __ldg(alpha + e * F + f)) : raw;
   }
 };
 

@@ -70,9 +70,15 @@ fn bad_values_are_named() {
     let e = load_err(&dir);
     assert!(e.contains("stages.yaml") && e.contains("fused_zero") && e.contains(".tiles"), "{e}");
 
-    let dir = specs_with("tiles.yaml", |t| t.replacen("tm: 8, tn: 4, stages: 2", "tm: 8, tn: 4, stages: 3", 1));
+    let dir = specs_with("tiles.yaml", |t| {
+        t.replacen("tm: 4, tn: 4, stages: 2, min_blocks: 1, pipe: regs", "tm: 4, tn: 4, stages: 3, min_blocks: 1, pipe: regs", 1)
+    });
     let e = load_err(&dir);
     assert!(e.contains("stages") && e.contains("1 or 2"), "{e}");
+
+    let dir = specs_with("tiles.yaml", |t| t.replacen("tm: 4, tn: 12,", "tm: 4, tn: 6,", 1));
+    let e = load_err(&dir);
+    assert!(e.contains("tiles.yaml") && e.contains("multiples of 4"), "{e}");
 
     // the fused regime is enforced by the spec check
     let dir = specs_with("stages.yaml", |t| t.replacen("    cf: [32, 64]\n    tiles: fused_m0", "    cf: [32, 96]\n    tiles: fused_m0", 1));
@@ -83,7 +89,7 @@ fn bad_values_are_named() {
 #[test]
 fn a_default_must_name_an_instance() {
     let dir = specs_with("tiles.yaml", |t| {
-        t.replacen("tile: m64_n64_k16_t4x4_s2_b1_pr}", "tile: m64_n64_k16_t4x4_s9_b1_pr}", 1)
+        t.replacen("tile: m256_n64_k16_t8x8_s3_b2_ps}", "tile: m256_n64_k16_t8x8_s9_b2_ps}", 1)
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None)).unwrap_err().to_string();

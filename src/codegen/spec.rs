@@ -130,11 +130,11 @@ pub struct GemmTileSpec {
     pub block_k: BlockK,
     pub tm: u32,
     pub tn: u32,
-    /// Shared-memory stages of the K loop: 1 or 2.
+    /// Shared-memory stages of the K loop (see `pipe`).
     pub stages: u32,
     /// `__launch_bounds__` minimum blocks per SM (1: no register cap).
     pub min_blocks: u32,
-    /// How the K loop is fed: regs (stages 1..2) or async (stages 2..4).
+    /// How the K loop is fed: regs (stages 1..2), async or stream (stages 2..4).
     pub pipe: crate::kinds::Pipe,
 }
 
@@ -318,13 +318,17 @@ impl Specs {
                     crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => (2..=4).contains(&t.stages),
                 };
                 if !stages_ok {
-                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2 with pipe: regs, 2 to 4 with pipe: async"));
+                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2 with pipe: regs, 2 to 4 with pipe: async or stream"));
                 }
                 if t.min_blocks == 0 {
                     return Err(self.invalid("tiles.yaml", field("min_blocks"), "must be positive"));
                 }
                 if t.block_m % t.tm != 0 || t.bn % t.tn != 0 {
                     return Err(self.invalid("tiles.yaml", field("tm/tn"), "tm must divide block_m and tn divide bn"));
+                }
+                // Threads move 16-byte vectors: 4 floats (and 2 doubles).
+                if t.tm % 4 != 0 || t.tn % 4 != 0 || t.bn % 4 != 0 {
+                    return Err(self.invalid("tiles.yaml", field("tm/tn/bn"), "tm, tn and bn must be multiples of 4 (16-byte vectors)"));
                 }
                 let threads = (t.block_m / t.tm) * (t.bn / t.tn);
                 if threads % 32 != 0 || threads > 1024 {
