@@ -374,6 +374,34 @@ fn random_shapes_match_reference() {
     }
 }
 
+/// The streaming GEMMs launch at most the resident blocks, so at a large E
+/// each block walks several tiles through one cp.async ring (the small-E
+/// shapes above give every block one tile). E is chosen so that every
+/// streaming kernel here walks more than two tiles per block on an H200.
+#[test]
+fn streaming_blocks_walk_many_tiles() {
+    let name = "streaming_blocks_walk_many_tiles";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let shape = Shape { f: 1, e: 80_001, cf: 32, lmax: 2, n_layers: 2 };
+    let p = Problem::random(&mut rng, shape, true);
+    let want = p.reference();
+    let st64 = make_stack::<f64>(&g, &p);
+    let (_, kernels) = st64.backward_plan(&BackwardOptions::relay()).unwrap();
+    assert!(kernels.iter().any(|k| k.name.ends_with("_ps")), "no streaming kernel in {kernels:?}");
+    check_close(&format!("f64 relay {}", p.describe()), &run(&g, &st64, &p, &BackwardOptions::relay()).unwrap(), &want);
+    let st32 = make_stack::<f32>(&g, &p);
+    let (_, kernels) = st32.backward_plan(&BackwardOptions::fused()).unwrap();
+    assert!(kernels.iter().any(|k| k.name.ends_with("_ps")), "no streaming kernel in {kernels:?}");
+    let relay = run(&g, &st32, &p, &BackwardOptions::relay()).unwrap();
+    check_close(&format!("f32 relay {}", p.describe()), &relay, &want);
+    let fused = run(&g, &st32, &p, &BackwardOptions::fused()).unwrap();
+    assert_eq!(fused.decision.path, Path::Fused);
+    assert_eq!(bits(&fused.grad_u0), bits(&relay.grad_u0), "fused != relay bitwise: {}", p.describe());
+    assert_eq!(bits(&fused.grad_alpha), bits(&relay.grad_alpha), "fused != relay bitwise: {}", p.describe());
+    println!("ok {} (streaming kernels walk many tiles)", p.describe());
+}
+
 #[test]
 fn reference_vectors() {
     let name = "reference_vectors";
