@@ -63,8 +63,8 @@ pub fn run(json: bool) -> CliResult {
     }
     println!("# kernel instances ({} from {}, {}; lmax {}..{} is a runtime argument)", m.instances.len(), BUILD_SOURCE, m.arch, m.lmax.0, m.lmax.1);
     println!(
-        "{:<52} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  {}",
-        "name", "stage", "var", "dt", "cf", "block_m", "bn", "thr", "regs", "spillS", "spillL", "accepted", "dispatched"
+        "{:<52} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  dispatched",
+        "name", "stage", "var", "dt", "cf", "block_m", "bn", "thr", "regs", "spillS", "spillL", "accepted"
     );
     for i in &m.instances {
         println!(

@@ -130,7 +130,7 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
             return Some(format!("fused needs BLOCK_K == Cf, got BLOCK_K {block_k}, Cf {cf}"));
         }
         // K (M0 or M1) is a multiple of Cf; a K chunk must not straddle it.
-        if block_k == 0 || cf % block_k != 0 {
+        if block_k == 0 || !cf.is_multiple_of(block_k) {
             return Some(format!("BLOCK_K {block_k} does not divide Cf {cf}"));
         }
         // The K-chunk prefetch gives every thread the same number of loads.
