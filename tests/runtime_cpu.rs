@@ -377,6 +377,23 @@ fn override_rejections() {
 }
 
 #[test]
+fn forward_overrides_name_forward_stages_only() {
+    let t = full_table();
+    let d = Dispatch::new(&t);
+    let m0 = d.select(Stage::FwdM0, Dtype::F32, 32, 2, &TileOverride::new()).unwrap();
+    let ok = TileOverride::new().with(Stage::FwdM0, m0.name);
+    d.validate_forward_override(Dtype::F32, 32, 2, &ok).unwrap();
+    let gemm = d.select(Stage::BwdGemm, Dtype::F32, 32, 2, &TileOverride::new()).unwrap();
+    let bad = ok.with(Stage::BwdGemm, gemm.name);
+    d.validate_override(Dtype::F32, 32, 2, &bad).unwrap(); // a valid name for its stage...
+    match d.validate_forward_override(Dtype::F32, 32, 2, &bad) {
+        // ...but not one a forward call runs
+        Err(MixError::BadOverride { stage: Stage::BwdGemm, why, .. }) => assert!(why.contains("forward"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn report_lists_every_key() {
     let t = full_table();
     let r = Dispatch::new(&t).with_lmax_range((1, 6)).report();
@@ -574,6 +591,33 @@ fn geometry_gemm() {
     assert_eq!(cfg.shared_mem_bytes, 1000 + 8 * 96);
     let cfg = launch_config(&e, 1, 192, 3, 96, None).unwrap();
     assert_eq!(cfg.grid_dim, (6, 1, 3));
+}
+
+#[test]
+fn geometry_stream_launches_at_most_the_resident_blocks() {
+    let g = Geometry::Gemm {
+        block_m: 128,
+        bn: 64,
+        block_k: 32,
+        tm: 8,
+        tn: 4,
+        stages: 3,
+        min_blocks: 2,
+        pipe: mixstack::kinds::Pipe::Stream,
+    };
+    let e = entry(Stage::BwdGemm, Dtype::F32, 32, g, true, true);
+    // 646,000 edges, N = 192: 5047 * 3 tiles per focus; 264 resident blocks over F = 2.
+    let cfg = launch_config(&e, 646_000, 192, 2, 96, Some(264)).unwrap();
+    assert_eq!(cfg.grid_dim, (132, 1, 2));
+    // fewer tiles than resident blocks: one block per tile
+    let cfg = launch_config(&e, 333, 192, 2, 96, Some(264)).unwrap();
+    assert_eq!(cfg.grid_dim, (9, 1, 2));
+    // fewer resident blocks than focus streams: still one block per focus
+    let cfg = launch_config(&e, 646_000, 192, 3, 96, Some(2)).unwrap();
+    assert_eq!(cfg.grid_dim, (1, 1, 3));
+    // unknown residency: one block per tile
+    let cfg = launch_config(&e, 646_000, 192, 2, 96, None).unwrap();
+    assert_eq!(cfg.grid_dim, (5047 * 3, 1, 2));
 }
 
 #[test]

@@ -358,6 +358,22 @@ impl<'t> Dispatch<'t> {
         Ok(())
     }
 
+    /// [`Dispatch::validate_override`] for a forward call, which runs only
+    /// the forward stages: an override of any other stage is an error, not
+    /// silently unused.
+    pub fn validate_forward_override(&self, dtype: Dtype, cf: u32, lmax: u32, tiles: &TileOverride) -> Result<(), MixError> {
+        if let Some((stage, name)) = tiles.iter().find(|(s, _)| !FORWARD_STAGES.contains(s)) {
+            return Err(MixError::BadOverride {
+                stage,
+                dtype,
+                cf,
+                name: name.to_string(),
+                why: "a forward call runs only the fwd_* stages".into(),
+            });
+        }
+        self.validate_override(dtype, cf, lmax, tiles)
+    }
+
     /// The kernel for (stage, dtype, cf) at `lmax`, honouring `tiles`.
     pub fn select(
         &self,

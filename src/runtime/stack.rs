@@ -348,6 +348,8 @@ impl<T: Element> Stack<T> {
         apply_alpha: bool,
         tiles: &TileOverride,
     ) -> Result<(CudaSlice<T>, CudaSlice<T>), MixError> {
+        let (cf, lmax) = (self.shape.cf as u32, self.shape.lmax as u32);
+        self.dispatch.validate_forward_override(T::DTYPE, cf, lmax, tiles)?;
         self.check_stream(stream)?;
         self.check_slice(u0, "u0")?;
         self.check_slice(alpha, "alpha")?;
