@@ -179,6 +179,27 @@ fn time_ms(stream: &Stream, f: &mut dyn FnMut() -> CliResult) -> Result<f64, Box
     Ok(a.elapsed_ms(&b)? as f64)
 }
 
+/// Warm-up calls, then `reps` timed calls of `call(v)` for every variant v,
+/// interleaved within each repetition so their ratios are side by side.
+fn interleaved(
+    stream: &Stream,
+    variants: usize,
+    reps: usize,
+    call: &mut dyn FnMut(usize) -> CliResult,
+) -> Result<Vec<Vec<f64>>, Box<dyn std::error::Error>> {
+    const WARMUP: usize = 3;
+    let mut ms = vec![Vec::with_capacity(reps); variants];
+    for i in 0..WARMUP + reps {
+        for (v, times) in ms.iter_mut().enumerate() {
+            let t = time_ms(stream, &mut || call(v))?;
+            if i >= WARMUP {
+                times.push(t);
+            }
+        }
+    }
+    Ok(ms)
+}
+
 fn summarise(label: &str, path: &str, mut ms: Vec<f64>, flops: f64, bytes: f64, mem: CallMemory, per_kernel: Vec<(String, String, f64)>) -> Timing {
     let reps = ms.len();
     let med = median(&mut ms);
@@ -239,24 +260,14 @@ pub fn run(args: &BenchArgs) -> CliResult {
     // forward variants, interleaved per repetition
     let fspecs = if args.forward_variants.is_empty() { vec!["default".to_string()] } else { args.forward_variants.clone() };
     let fparsed: Vec<(String, TileOverride)> = fspecs.iter().map(|v| parse_overrides(v, v)).collect::<Result<_, _>>()?;
-    let warmup = 3;
-    let mut fwd_ms: Vec<Vec<f64>> = vec![Vec::new(); fparsed.len()];
     let mut saved = None;
-    for i in 0..warmup + args.reps {
-        for (v, (_, tiles)) in fparsed.iter().enumerate() {
-            let mut res = None;
-            let t = time_ms(&stream, &mut || {
-                res = Some(stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, tiles)?);
-                Ok(())
-            })?;
-            if i >= warmup {
-                fwd_ms[v].push(t);
-            }
-            if v == 0 {
-                saved = res;
-            }
+    let fwd_ms = interleaved(&stream, fparsed.len(), args.reps, &mut |v| {
+        let res = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &fparsed[v].1)?;
+        if v == 0 {
+            saved = Some(res);
         }
-    }
+        Ok(())
+    })?;
     // Every variant's outputs against the first's, compared as they come (a
     // sweep's outputs would not fit in host memory together).
     let mut forward_variants = Vec::new();
@@ -292,22 +303,12 @@ pub fn run(args: &BenchArgs) -> CliResult {
             Err(e) => println!("variant {label} left out: {e}"),
         }
     }
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut paths = vec![Path::Relay; variants.len()];
-    for i in 0..warmup + args.reps {
-        for (v, (_, opts)) in variants.iter().enumerate() {
-            let mut p = None;
-            let t = time_ms(&stream, &mut || {
-                let (_, _, d) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts)?;
-                p = Some(d.path);
-                Ok(())
-            })?;
-            paths[v] = p.unwrap_or(Path::Relay);
-            if i >= warmup {
-                times[v].push(t);
-            }
-        }
-    }
+    let times = interleaved(&stream, variants.len(), args.reps, &mut |v| {
+        let (_, _, d) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, &variants[v].1)?;
+        paths[v] = d.path;
+        Ok(())
+    })?;
     let mut backward = Vec::new();
     let mut first: Option<Vec<Vec<f32>>> = None;
     let (mut any_fused, mut all_equal) = (false, true);
