@@ -71,6 +71,30 @@ template <> struct Vec<double> {
 };
 
 // ---------------------------------------------------------------------------
+// Memory-level parallelism for the row kernels' element loops. Items
+// threadIdx.x + j*THREADS go in batches of U per thread: the batch's loads
+// are all issued before any result is used. A loop that loads, uses and
+// stores one item at a time keeps one 16-byte load in flight per thread,
+// about half of what it takes to keep HBM busy at these occupancies.
+template <typename T, int N>
+struct Regs {
+  T v[N];
+};
+template <int THREADS, int U, typename Load, typename Use>
+__device__ __forceinline__ void batched(int n, Load load, Use use) {
+  typedef decltype(load(0)) V;
+  for (int i0 = threadIdx.x; i0 < n; i0 += THREADS * U) {
+    V v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * THREADS < n) v[u] = load(i0 + u * THREADS);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * THREADS < n) use(i0 + u * THREADS, v[u]);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Row-tile contractions shared by relay and fused kernels.
 //
 // rows_gemm: for m < ROWS, n < N: epi(m, n, sum_k A[m*lda + k] * B[k*N + n]),
@@ -121,16 +145,18 @@ template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void load_scalar_rows(T* s_sh, const T* __restrict__ zf,
                                                  i64 e0, i64 E, int ROW) {
   constexpr int W = Vec<T>::W;
-  for (int idx = threadIdx.x; idx < ROWS * CF / W; idx += THREADS) {
-    const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
-    const i64 e = e0 + m;
-    if (e < E) {
-      Vec<T>::ldg(zf + e * ROW + j, s_sh + m * CF + j);
-    } else {
+  batched<THREADS, 4>(
+      ROWS * CF / W,
+      [&](int idx) {
+        const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
+        Regs<T, W> x{};
+        if (e0 + m < E) Vec<T>::ldg(zf + (e0 + m) * ROW + j, x.v);
+        return x;
+      },
+      [&](int idx, const Regs<T, W>& x) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) s_sh[m * CF + j + w] = T(0);
-    }
-  }
+        for (int w = 0; w < W; ++w) s_sh[idx * W + w] = x.v[w];
+      });
 }
 
 // sig_sh[m][c] = sigmoid(s . GW[:, c]): the gate recompute of every kernel.
@@ -152,32 +178,35 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
                                                     const T* __restrict__ zf,
                                                     i64 e0, i64 E, int L, int LG, int ROW) {
   constexpr int W = Vec<T>::W;
-  for (int idx = threadIdx.x; idx < ROWS * LG / W; idx += THREADS) {
-    const int m = idx / (LG / W), c = (idx - m * (LG / W)) * W;
-    const i64 e = e0 + m;
-    T* out = glog_sh + m * LG + c;
-    if (e >= E) {
+  // x.v: g and z of subtiles (m=0, l), (m=-1, l), (m=+1, l), W channels each
+  // (six 16-byte loads in flight per item already).
+  batched<THREADS, 1>(
+      ROWS * LG / W,
+      [&](int idx) {
+        const int m = idx / (LG / W), c = (idx - m * (LG / W)) * W;
+        const i64 e = e0 + m;
+        Regs<T, 6 * W> x{};
+        if (e < E) {
+          const int gr = c / CF, ch = c - gr * CF;
+          const int col[3] = {(1 + gr) * CF + ch, (L + 1 + gr) * CF + ch, (2 * L + 1 + gr) * CF + ch};
 #pragma unroll
-      for (int w = 0; w < W; ++w) out[w] = T(0);
-      continue;
-    }
-    const int gr = c / CF, ch = c - gr * CF;
-    const T* g_row = gf + e * ROW;
-    const T* z_row = zf + e * ROW;
-    const int ca = (1 + gr) * CF + ch;
-    const int cb = (L + 1 + gr) * CF + ch;
-    const int cc = (2 * L + 1 + gr) * CF + ch;
-    T ga[W], za[W], gb[W], zb[W], gc[W], zc[W];
-    Vec<T>::ldg(g_row + ca, ga);
-    Vec<T>::ldg(z_row + ca, za);
-    Vec<T>::ldg(g_row + cb, gb);
-    Vec<T>::ldg(z_row + cb, zb);
-    Vec<T>::ldg(g_row + cc, gc);
-    Vec<T>::ldg(z_row + cc, zc);
+          for (int s = 0; s < 3; ++s) {
+            Vec<T>::ldg(gf + e * ROW + col[s], x.v + 2 * s * W);
+            Vec<T>::ldg(zf + e * ROW + col[s], x.v + (2 * s + 1) * W);
+          }
+        }
+        return x;
+      },
+      [&](int idx, const Regs<T, 6 * W>& x) {
+        const int m = idx / (LG / W);
+        T* out = glog_sh + idx * W;
 #pragma unroll
-    for (int w = 0; w < W; ++w)
-      out[w] = op_glogit<T>(op_gsig3<T>(ga[w], za[w], gb[w], zb[w], gc[w], zc[w]), sig_sh[m * LG + c + w]);
-  }
+        for (int w = 0; w < W; ++w)
+          out[w] = e0 + m < E ? op_glogit<T>(op_gsig3<T>(x.v[w], x.v[W + w], x.v[2 * W + w], x.v[3 * W + w],
+                                                         x.v[4 * W + w], x.v[5 * W + w]),
+                                             sig_sh[idx * W + w])
+                              : T(0);
+      });
 }
 
 // gzs_sh[m][j] = g_s * silu'(s) + sum_c glog[m][c] * GW[j][c] (c ascending,

@@ -24,14 +24,17 @@ __device__ __forceinline__ void store_rows(T* dst, const T* sh, i64 e0, i64 E, i
 template <typename T, int ROWS, int THREADS>
 __device__ __forceinline__ void load_rows(T* sh, const T* src, i64 e0, i64 E, int N) {
   constexpr int W = Vec<T>::W;
-  for (int idx = threadIdx.x; idx < ROWS * N / W; idx += THREADS) {
-    if (e0 + idx / (N / W) < E) {
-      Vec<T>::ldg(src + e0 * N + (i64)idx * W, sh + idx * W);
-    } else {
+  batched<THREADS, 4>(
+      ROWS * N / W,
+      [&](int idx) {
+        Regs<T, W> x{};
+        if (e0 + idx / (N / W) < E) Vec<T>::ldg(src + e0 * N + (i64)idx * W, x.v);
+        return x;
+      },
+      [&](int idx, const Regs<T, W>& x) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) sh[idx * W + w] = T(0);
-    }
-  }
+        for (int w = 0; w < W; ++w) sh[idx * W + w] = x.v[w];
+      });
 }
 
 // --------------------------------------------------------- GEMM operands
@@ -109,27 +112,34 @@ __device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __res
   __syncthreads();
   store_rows<T, ROWS, THREADS>(sig + (i64)f * E * d.LG, sig_sh, e0, E, d.LG);
   constexpr int W = Vec<T>::W;
-  for (int idx = threadIdx.x; idx < ROWS * d.M0 / W; idx += THREADS) {
-    const int m = idx / (d.M0 / W), col = (idx - m * (d.M0 / W)) * W;
-    const i64 e = e0 + m;
-    if (e >= E) continue;
-    const i64 at = base + e * d.ROW + col;
-    T act[W], x[W];
-    if (col < CF) {
+  // x.v: u, then z (gated columns), W columns of one subtile.
+  batched<THREADS, 4>(
+      ROWS * d.M0 / W,
+      [&](int idx) {
+        const int m = idx / (d.M0 / W), col = (idx - m * (d.M0 / W)) * W;
+        const i64 at = base + (e0 + m) * d.ROW + col;
+        Regs<T, 2 * W> x{};
+        if (e0 + m < E) {
+          Vec<T>::ldg(u + at, x.v);
+          if (col >= CF) Vec<T>::ldg(z + at, x.v + W);
+        }
+        return x;
+      },
+      [&](int idx, const Regs<T, 2 * W>& x) {
+        const int m = idx / (d.M0 / W), col = (idx - m * (d.M0 / W)) * W;
+        if (e0 + m >= E) return;
+        T y[W];
+        if (col < CF) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) act[w] = op_silu<T>(s_sh[m * CF + col + w]);
-    } else {
-      const int r = col / CF, ch = col - r * CF;  // W columns: one subtile
-      const T* sg = sig_sh + m * d.LG + group_of(r, L) * CF + ch;
-      Vec<T>::ldg(z + at, act);
+          for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_silu<T>(s_sh[m * CF + col + w]));
+        } else {
+          const int r = col / CF, ch = col - r * CF;
+          const T* sg = sig_sh + m * d.LG + group_of(r, L) * CF + ch;
 #pragma unroll
-      for (int w = 0; w < W; ++w) act[w] = op_gate<T>(act[w], sg[w]);
-    }
-    Vec<T>::ldg(u + at, x);
-#pragma unroll
-    for (int w = 0; w < W; ++w) x[w] = op_residual<T>(x[w], act[w]);
-    Vec<T>::store(u_next + at, x);
-  }
+          for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_gate<T>(x.v[W + w], sg[w]));
+        }
+        Vec<T>::store(u_next + base + (e0 + m) * d.ROW + col, y);
+      });
 }
 
 // z1 = u[:, M0:] @ W1; u_next[:, M0:] = u + z1 * [sig, sig].
@@ -270,16 +280,22 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
   compute_gzs_rows<T, CF, ROWS, THREADS>(gzs_sh, glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
   __syncthreads();
   constexpr int W = Vec<T>::W;
-  for (int idx = threadIdx.x; idx < ROWS * d.ROW / W; idx += THREADS) {
-    const int m = idx / (d.ROW / W), col = (idx - m * (d.ROW / W)) * W;
-    const i64 e = e0 + m;
-    if (e >= E) continue;
-    T x[W];
-    Vec<T>::ldg(gf + e * d.ROW + col, x);
+  batched<THREADS, 4>(
+      ROWS * d.ROW / W,
+      [&](int idx) {
+        const int m = idx / (d.ROW / W), col = (idx - m * (d.ROW / W)) * W;
+        Regs<T, W> x{};
+        if (e0 + m < E) Vec<T>::ldg(gf + (e0 + m) * d.ROW + col, x.v);
+        return x;
+      },
+      [&](int idx, const Regs<T, W>& x) {
+        const int m = idx / (d.ROW / W), col = (idx - m * (d.ROW / W)) * W;
+        if (e0 + m >= E) return;
+        T y[W];
 #pragma unroll
-    for (int w = 0; w < W; ++w) x[w] = gz_of<T, CF>(x[w], sig_sh + m * d.LG, gzs_sh + m * CF, L, col + w);
-    Vec<T>::store(gz + base + e * d.ROW + col, x);
-  }
+        for (int w = 0; w < W; ++w) y[w] = gz_of<T, CF>(x.v[w], sig_sh + m * d.LG, gzs_sh + m * CF, L, col + w);
+        Vec<T>::store(gz + base + (e0 + m) * d.ROW + col, y);
+      });
 }
 
 // Relay 3/3: g_next[seg] = g[seg] + gz_seg @ W_seg^T.
