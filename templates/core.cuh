@@ -500,6 +500,20 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
 // its epilogue's accesses are contiguous 16-byte groups. The epilogue runs
 // straight from registers: no shared-memory round trip, no barrier.
 
+// f(v) for this thread's share v = tid, tid + THREADS, ... of TOTAL items,
+// with a compile-time trip count: straight-line code. (A loop from tid
+// leaves the compiler a remainder loop and a branch per item, since it
+// cannot know tid < THREADS: in the ring's loader that was about as many
+// instructions per chunk as the chunk's FMAs.)
+template <int TOTAL, int THREADS, typename F>
+__device__ __forceinline__ void for_share(int tid, F f) {
+#pragma unroll
+  for (int it = 0; it < (TOTAL + THREADS - 1) / THREADS; ++it) {
+    const int v = tid + it * THREADS;
+    if (TOTAL % THREADS == 0 || v < TOTAL) f(v);
+  }
+}
+
 // Tile (m, n) of a block's walk, advanced by gridDim.x tiles at a time
 // without 64-bit divisions.
 struct TileWalk {
@@ -539,7 +553,7 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, const 
 }
 
 // The A operand (a struct of stages.cuh) gives a.row(e), the cp.async source
-// of row e at k = 0; a.tile(e0), run once per tile before its first chunk is
+// of row e at k = 0, rows a.stride() elements apart; a.tile(e0), run once per tile before its first chunk is
 // used (it may use barriers: every thread calls it); and, where AOp::FIX,
 // a.fix(m, e, k, raw), the operand element from the landed raw one, applied
 // to each chunk in place.
@@ -574,19 +588,24 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     const int n0 = lw.n * BN, k0 = lkt * BK;
     T* as = As + lst * A_STAGE;
     T* bs = Bs + lst * B_STAGE;
-#pragma unroll
-    for (int v = tid; v < BK * BN / W; v += THREADS) {
+    // Offsets within the chunk are ints (a K x N weight block, BM rows of
+    // A): one 64-bit address per chunk, not one per copy.
+    // A copy past the edge reads nothing (size 0, zero fill) from the
+    // chunk's first element.
+    const T* bsrc = B + k0 * N + n0;
+    for_share<BK * BN / W, THREADS>(tid, [&](int v) {
       const int kk = v / (BN / W), n = (v - kk * (BN / W)) * W;
       const bool ok = n0 + n < N;
-      cp_async16(bs + kk * BN + n, B + (ok ? (i64)(k0 + kk) * N + n0 + n : 0), ok ? 16 : 0);
-    }
-#pragma unroll
-    for (int v = tid; v < BM * BK / W; v += THREADS) {
+      cp_async16(bs + kk * BN + n, bsrc + (ok ? kk * N + n : 0), ok ? 16 : 0);
+    });
+    const T* asrc = a.row(e0) + k0;
+    const int rows = E - e0 < BM ? (int)(E - e0) : BM;
+    const int stride = a.stride();
+    for_share<BM * BK / W, THREADS>(tid, [&](int v) {
       const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
-      const i64 e = e0 + m;
-      const bool ok = e < E;
-      cp_async16(as + m * AK + k, ok ? a.row(e) + k0 + k : B, ok ? 16 : 0);
-    }
+      const bool ok = m < rows;
+      cp_async16(as + m * AK + k, asrc + (ok ? m * stride + k : 0), ok ? 16 : 0);
+    });
     if (++lkt == KT) {
       lkt = 0;
       lw.step(dm, dn, ntn);
@@ -619,8 +638,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     if constexpr (AOp::FIX) {
       if (a.fixing()) {  // uniform over the block
         const int k0 = ckt * BK;
-#pragma unroll
-        for (int idx = tid; idx < BM * BK / W; idx += THREADS) {
+        for_share<BM * BK / W, THREADS>(tid, [&](int idx) {
           const int m = idx / (BK / W), k = (idx - m * (BK / W)) * W;
           const i64 e = e0 + m;
           if (e < E) {
@@ -630,7 +648,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
             for (int w = 0; w < W; ++w) x[w] = a.fix(m, e, k0 + k + w, x[w]);
             Vec<T>::store(as + m * AK + k, x);
           }
-        }
+        });
         __syncthreads();
       }
     }
@@ -638,17 +656,25 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const int n0 = cw.n * BN;
+      // Interior tiles store without a test per group, so the compiler may
+      // issue the epilogue's loads together; edge tiles test each group.
+      auto store_acc = [&](auto guarded) {
 #pragma unroll
-      for (int i = 0; i < TM; ++i) {
-        const i64 e = e0 + ty + i * TY;
+        for (int i = 0; i < TM; ++i) {
+          const i64 e = e0 + ty + i * TY;
 #pragma unroll
-        for (int j = 0; j < TN; j += W) {
-          const int n = n0 + tx * W + (j / W) * TX * W;
-          if (e < E && n < N) epi(e, n, &acc[i][j]);
+          for (int j = 0; j < TN; j += W) {
+            const int n = n0 + tx * W + (j / W) * TX * W;
+            if (!decltype(guarded)::value || (e < E && n < N)) epi(e, n, &acc[i][j]);
+          }
         }
+      };
+      if (e0 + BM <= E && n0 + BN <= N) store_acc(std::false_type{});
+      else store_acc(std::true_type{});
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
-      }
       ckt = 0;
       cw.step(dm, dn, ntn);
     }

@@ -40,28 +40,30 @@ __device__ __forceinline__ void load_rows(T* sh, const T* src, i64 e0, i64 E, in
 // --------------------------------------------------------- GEMM operands
 // The A operand of a GEMM stage (the interface is gemm_stream's, core.cuh).
 
-// A plain surface: row e at base + e * stride.
+// A plain surface: row e at base + e * ld.
 template <typename T>
 struct SurfaceA {
   static constexpr bool FIX = false;
   const T* base;
-  i64 stride;
-  __device__ __forceinline__ const T* row(i64 e) const { return base + e * stride; }
+  i64 ld;
+  __device__ __forceinline__ const T* row(i64 e) const { return base + e * ld; }
+  __device__ __forceinline__ int stride() const { return (int)ld; }
   __device__ __forceinline__ void tile(i64) {}
   __device__ __forceinline__ bool fixing() const { return false; }
   __device__ __forceinline__ T fix(int, i64, int, T raw) const { return raw; }
 };
 
 // ga = grad_out * alpha, grad_out edge-major (row e of focus f at
-// base + e * stride), alpha folded in element by element after landing.
+// base + e * ld), alpha folded in element by element after landing.
 template <typename T>
 struct AlphaA {
   static constexpr bool FIX = true;
   const T* base;
-  i64 stride;
+  i64 ld;
   const T* alpha;
   int F, f, apply;
-  __device__ __forceinline__ const T* row(i64 e) const { return base + e * stride; }
+  __device__ __forceinline__ const T* row(i64 e) const { return base + e * ld; }
+  __device__ __forceinline__ int stride() const { return (int)ld; }
   __device__ __forceinline__ void tile(i64) {}
   __device__ __forceinline__ bool fixing() const { return apply != 0; }
   __device__ __forceinline__ T fix(int, i64 e, int, T raw) const {
@@ -337,6 +339,7 @@ struct GzA {
     else return nullptr;
   }
   __device__ __forceinline__ const T* row(i64 e) const { return gf + e * ROW + off; }
+  __device__ __forceinline__ int stride() const { return ROW; }
   __device__ __forceinline__ bool fixing() const { return true; }
   __device__ __forceinline__ void tile(i64 e0) {
     load_scalar_rows<T, CF, BM, THREADS>(s_sh(), zf, e0, E, ROW);

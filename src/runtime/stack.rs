@@ -14,7 +14,7 @@ use super::dispatch::{is_gated_stage, Dispatch, Path, PathDecision, TileOverride
 use super::element::Element;
 use super::error::{DriverContext, MixError, ShapeParam};
 use super::launch::{Arg, KernelTiming, Kernels};
-use super::memory::{raw_ptr, CallMemory, Tracker};
+use super::memory::{raw_ptr, CallMemory, ScratchPool, Tracker};
 use super::shape::{StackShape, MAX_F};
 use super::switch::FusedMode;
 use super::table::{KernelEntry, Stage};
@@ -109,6 +109,8 @@ pub struct Stack<T: Element> {
     /// it along j, coalesced.
     gwt: Option<CudaSlice<T>>,
     kernels: Kernels,
+    /// Scratch and outputs of every call come from here (kept mapped).
+    pool: Option<ScratchPool>,
     last_path: Mutex<Option<PathDecision>>,
     last_forward: Mutex<Option<CallMemory>>,
     last_backward: Mutex<Option<CallMemory>>,
@@ -198,6 +200,7 @@ impl<T: Element> Stack<T> {
 
         Ok(Stack {
             kernels: Kernels::new(ctx.clone(), shape.lg()),
+            pool: ScratchPool::new(&ctx)?,
             ctx,
             shape,
             dispatch,
@@ -222,6 +225,13 @@ impl<T: Element> Stack<T> {
     }
     pub fn dispatch(&self) -> Dispatch<'static> {
         self.dispatch
+    }
+    /// Give the memory the stack keeps mapped between calls (its scratch
+    /// pool, see `memory::ScratchPool`) back to the device. The next call
+    /// maps it again.
+    pub fn release_cached_memory(&self) -> Result<(), MixError> {
+        self.ctx.synchronize().during(|| "waiting for the stack's work".into())?;
+        self.pool.as_ref().map_or(Ok(()), ScratchPool::trim)
     }
     /// Device bytes held by the stack itself: W0, W1, GW and their transposes.
     pub fn weight_bytes(&self) -> u64 {
@@ -358,7 +368,7 @@ impl<T: Element> Stack<T> {
         check_len("alpha", sh.alpha_len(e)?, alpha.len())?;
         sh.check_edges(e, std::mem::size_of::<T>())?;
 
-        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
         let mut out = tr.output::<T>(sh.surface_len(e)?, "out")?;
         let mut z_all = tr.output::<T>(sh.z_all_len(e)?, "z_all")?;
         if e > 0 {
@@ -401,7 +411,7 @@ impl<T: Element> Stack<T> {
         sh.check_edges(e, std::mem::size_of::<T>())?;
         let plan = self.plan_backward(opts)?;
 
-        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
         let mut grad_u0 = tr.output::<T>(sh.surface_len(e)?, "grad_u0")?;
         let mut grad_alpha = tr.output::<T>(sh.alpha_len(e)?, "grad_alpha")?;
         *lock(&self.last_path) = Some(plan.decision);
@@ -448,7 +458,7 @@ impl<T: Element> Stack<T> {
     ) -> Result<(), MixError> {
         self.check_stream(stream)?;
         self.shape.check_edges(e, std::mem::size_of::<T>())?;
-        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
         if e > 0 {
             nonnull(ptrs.u0, "u0")?;
             nonnull(ptrs.alpha, "alpha")?;
@@ -478,7 +488,7 @@ impl<T: Element> Stack<T> {
         self.shape.check_edges(e, std::mem::size_of::<T>())?;
         let plan = self.plan_backward(opts)?;
         *lock(&self.last_path) = Some(plan.decision);
-        let mut tr = Tracker::new(stream, self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
         if e > 0 {
             nonnull(ptrs.grad_out, "grad_out")?;
             nonnull(ptrs.out, "out")?;
