@@ -171,12 +171,20 @@ __device__ __forceinline__ void compute_sig_rows(T* sig_sh, const T* s_sh,
 }
 
 // glog_sh[m][c]: gradient of gate logit c from the group's three subtiles
-// (W channels per step: 16-byte loads of g and z).
-template <typename T, int CF, int ROWS, int THREADS>
+// (W channels per step: 16-byte loads of g and z). gated(m, col, g) sees
+// the W values of g it loaded at each of those subtiles (rows < E), so the
+// relay forms gz there without reading g again; the fused path passes
+// nothing (no_gated).
+struct no_gated {
+  template <typename T>
+  __device__ __forceinline__ void operator()(int, int, const T*) const {}
+};
+template <typename T, int CF, int ROWS, int THREADS, typename Gated = no_gated>
 __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
                                                     const T* __restrict__ gf,
                                                     const T* __restrict__ zf,
-                                                    i64 e0, i64 E, int L, int LG, int ROW) {
+                                                    i64 e0, i64 E, int L, int LG, int ROW,
+                                                    Gated gated = Gated{}) {
   constexpr int W = Vec<T>::W;
   // x.v: g and z of subtiles (m=0, l), (m=-1, l), (m=+1, l), W channels each
   // (six 16-byte loads in flight per item already).
@@ -198,7 +206,7 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
         return x;
       },
       [&](int idx, const Regs<T, 6 * W>& x) {
-        const int m = idx / (LG / W);
+        const int m = idx / (LG / W), c = (idx - m * (LG / W)) * W;
         T* out = glog_sh + idx * W;
 #pragma unroll
         for (int w = 0; w < W; ++w)
@@ -206,21 +214,26 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
                                                          x.v[4 * W + w], x.v[5 * W + w]),
                                              sig_sh[idx * W + w])
                               : T(0);
+        if (e0 + m < E) {
+          const int gr = c / CF, ch = c - gr * CF;
+          gated(m, (1 + gr) * CF + ch, x.v);
+          gated(m, (L + 1 + gr) * CF + ch, x.v + 2 * W);
+          gated(m, (2 * L + 1 + gr) * CF + ch, x.v + 4 * W);
+        }
       });
 }
 
-// gzs_sh[m][j] = g_s * silu'(s) + sum_c glog[m][c] * GW[j][c] (c ascending,
-// GW read transposed): the scalar chain.
-template <typename T, int CF, int ROWS, int THREADS>
-__device__ __forceinline__ void compute_gzs_rows(T* gzs_sh, const T* glog_sh,
+// out(m, j, gzs[m][j]), gzs = g_s * silu'(s) + sum_c glog[m][c] * GW[j][c]
+// (c ascending, GW read transposed): the scalar chain; zero past E.
+template <typename T, int CF, int ROWS, int THREADS, typename Out>
+__device__ __forceinline__ void compute_gzs_rows(Out out, const T* glog_sh,
                                                  const T* __restrict__ gwtf,
                                                  const T* __restrict__ gf,
                                                  const T* __restrict__ zf,
                                                  i64 e0, i64 E, int LG, int ROW) {
   rows_gemm<T, ROWS, THREADS, CF>(glog_sh, LG, gwtf, LG, CF, [&](int m, int j, T acc) {
     const i64 e = e0 + m;
-    gzs_sh[m * CF + j] =
-        e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], zf[e * ROW + j]), acc) : T(0);
+    out(m, j, e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], zf[e * ROW + j]), acc) : T(0));
   });
 }
 

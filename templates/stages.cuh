@@ -259,7 +259,10 @@ __device__ __forceinline__ void bwd_recompute(const T* __restrict__ z, const T* 
   store_rows<T, ROWS, THREADS>(sig + (i64)f * E * d.LG, sig_sh, e0, E, d.LG);
 }
 
-// Relay 2/3: gz from g, z and sig (scalar chain folded in) to memory.
+// Relay 2/3: gz from g, z and sig (scalar chain folded in) to memory. Each
+// value of g is read once: gz of the gated subtiles leaves with the
+// gate-logit pass that loaded their g; the scalar subtile's gz is the scalar
+// chain (gz_of's first case), stored as the chain's contraction finishes.
 template <typename T, int CF, int ROWS, int THREADS, typename S>
 __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* __restrict__ z,
                                               const T* __restrict__ sig,
@@ -271,33 +274,27 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
   const i64 base = (i64)f * E * d.ROW;
   const T* gf = g + base;
   const T* zf = z + base;
+  T* gzf = gz + base;
   const T* sigf = sig + (i64)f * E * d.LG;
-  T* gzs_sh = smem_at<T>(S::gzs_rows);
   T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
   T* glog_sh = per_lg_rows<T, S, ROWS>(S::glog_slot, d.LG);
   load_rows<T, ROWS, THREADS>(sig_sh, sigf, e0, E, d.LG);
   __syncthreads();
-  compute_glogit_rows<T, CF, ROWS, THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW);
-  __syncthreads();
-  compute_gzs_rows<T, CF, ROWS, THREADS>(gzs_sh, glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
-  __syncthreads();
-  constexpr int W = Vec<T>::W;
-  batched<THREADS, 4>(
-      ROWS * d.ROW / W,
-      [&](int idx) {
-        const int m = idx / (d.ROW / W), col = (idx - m * (d.ROW / W)) * W;
-        Regs<T, W> x{};
-        if (e0 + m < E) Vec<T>::ldg(gf + (e0 + m) * d.ROW + col, x.v);
-        return x;
-      },
-      [&](int idx, const Regs<T, W>& x) {
-        const int m = idx / (d.ROW / W), col = (idx - m * (d.ROW / W)) * W;
-        if (e0 + m >= E) return;
-        T y[W];
+  compute_glogit_rows<T, CF, ROWS, THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW,
+                                            [&](int m, int col, const T* gv) {
+                                              constexpr int W = Vec<T>::W;
+                                              T y[W];
 #pragma unroll
-        for (int w = 0; w < W; ++w) y[w] = gz_of<T, CF>(x.v[w], sig_sh + m * d.LG, gzs_sh + m * CF, L, col + w);
-        Vec<T>::store(gz + base + (e0 + m) * d.ROW + col, y);
-      });
+                                              for (int w = 0; w < W; ++w)
+                                                y[w] = gz_of<T, CF>(gv[w], sig_sh + m * d.LG, nullptr, L, col + w);
+                                              Vec<T>::store(gzf + (e0 + m) * d.ROW + col, y);
+                                            });
+  __syncthreads();
+  compute_gzs_rows<T, CF, ROWS, THREADS>(
+      [&](int m, int j, T v) {
+        if (e0 + m < E) gzf[(e0 + m) * d.ROW + j] = v;
+      },
+      glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
 }
 
 // Relay 3/3: g_next[seg] = g[seg] + gz_seg @ W_seg^T.
@@ -350,7 +347,9 @@ struct GzA {
       T* glog_sh = per_lg_rows<T, S, BM>(S::glog_slot, LG);
       compute_glogit_rows<T, CF, BM, THREADS>(glog_sh, sig_sh(), gf, zf, e0, E, L, LG, ROW);
       __syncthreads();
-      compute_gzs_rows<T, CF, BM, THREADS>(gzs_sh(), glog_sh, gwtf, gf, zf, e0, E, LG, ROW);
+      T* gzs = gzs_sh();
+      compute_gzs_rows<T, CF, BM, THREADS>([&](int m, int j, T v) { gzs[m * CF + j] = v; }, glog_sh, gwtf, gf,
+                                           zf, e0, E, LG, ROW);
       __syncthreads();
     }
   }
