@@ -693,6 +693,38 @@ fn memory_accounting() {
     println!("relay peak {relay_peak} B, fused peak {} B, weights {} B", fused.peak_bytes, st.weight_bytes());
 }
 
+/// The stack's memory pool hands a call memory that held the previous
+/// call's data (no poisoning here): results must not depend on it. Problem B
+/// after problem A on one stack equals B on a fresh stack, bit for bit, and
+/// again after the cached memory is released.
+#[test]
+fn cached_scratch_reuse_is_exact() {
+    let name = "cached_scratch_reuse_is_exact";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let shape = Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 };
+    let a = Problem::random(&mut rng, shape, true);
+    let mut b = Problem::random(&mut rng, shape, true);
+    (b.w0, b.w1, b.gw) = (a.w0.clone(), a.w1.clone(), a.gw.clone());
+    for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+        let fresh = make_stack::<f32>(&g, &b);
+        fresh.debug_poison_allocations(false);
+        let want = run(&g, &fresh, &b, &opts).unwrap();
+        let st = make_stack::<f32>(&g, &a);
+        st.debug_poison_allocations(false);
+        let _ = run(&g, &st, &a, &opts).unwrap();
+        let got = run(&g, &st, &b, &opts).unwrap();
+        st.release_cached_memory().unwrap();
+        let again = run(&g, &st, &b, &opts).unwrap();
+        for (what, x) in [("after another call", &got), ("after release_cached_memory", &again)] {
+            assert_eq!(bits(&x.out), bits(&want.out), "{what}: out ({})", x.decision);
+            assert_eq!(bits(&x.z_all), bits(&want.z_all), "{what}: z_all ({})", x.decision);
+            assert_eq!(bits(&x.grad_u0), bits(&want.grad_u0), "{what}: grad_u0 ({})", x.decision);
+            assert_eq!(bits(&x.grad_alpha), bits(&want.grad_alpha), "{what}: grad_alpha ({})", x.decision);
+        }
+    }
+}
+
 #[test]
 fn raw_api_matches_slice_api() {
     let name = "raw_api_matches_slice_api";
