@@ -566,10 +566,10 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, const 
 }
 
 // The A operand (a struct of stages.cuh) gives a.row(e), the cp.async source
-// of row e at k = 0, rows a.stride() elements apart; a.tile(e0), run once per tile before its first chunk is
-// used (it may use barriers: every thread calls it); and, where AOp::FIX,
-// a.fix(m, e, k, raw), the operand element from the landed raw one, applied
-// to each chunk in place.
+// of row e at k = 0, rows a.stride() elements apart; a.tile(e0), run once
+// per tile before its first chunk is used (it may use barriers: every thread
+// calls it; AOp::HOOK says it does work); and, where AOp::FIX, a.fix(m, e, k, raw), the operand element
+// from the landed raw one, applied to each chunk in place.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
           typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
@@ -641,27 +641,37 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
 
   int ckt = 0, cst = 0;
   for (i64 q = 0; q < nq; ++q) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // chunk q has landed; everyone is done with chunk q-1's slot
-    if (lq < nq) load_next();
-    cp_async_commit();
+    cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
     T* as = As + cst * A_STAGE;
     const i64 e0 = cw.m * BM;
-    if (ckt == 0) a.tile(e0);
-    if constexpr (AOp::FIX) {
-      if (a.fixing()) {  // uniform over the block
-        const int k0 = ckt * BK;
-        for_share<BM * BK / W, THREADS>(tid, [&](int idx) {
-          const int m = idx / (BK / W), k = (idx - m * (BK / W)) * W;
-          const i64 e = e0 + m;
-          if (e < E) {
-            T x[W];
-            Vec<T>::load(as + m * AK + k, x);
+    // Each thread fixes the pieces it copied itself (the loader's mapping),
+    // so one barrier covers both the landing and the fix; only a tile's
+    // first chunk under a hook (which the fix reads) waits for a second.
+    auto fix_own = [&]() {
+      const int k0 = ckt * BK;
+      for_share<BM * BK / W, THREADS>(tid, [&](int idx) {
+        const int m = idx / (BK / W), k = (idx - m * (BK / W)) * W;
+        const i64 e = e0 + m;
+        if (e < E) {
+          T x[W];
+          Vec<T>::load(as + m * AK + k, x);
 #pragma unroll
-            for (int w = 0; w < W; ++w) x[w] = a.fix(m, e, k0 + k + w, x[w]);
-            Vec<T>::store(as + m * AK + k, x);
-          }
-        });
+          for (int w = 0; w < W; ++w) x[w] = a.fix(m, e, k0 + k + w, x[w]);
+          Vec<T>::store(as + m * AK + k, x);
+        }
+      });
+    };
+    const bool hook = AOp::HOOK && ckt == 0;
+    if constexpr (AOp::FIX) {
+      if (a.fixing() && !hook) fix_own();  // a.fixing() is uniform over the block
+    }
+    __syncthreads();  // chunk q is in (fixed unless hooked); everyone is done with chunk q-1's slot
+    if (lq < nq) load_next();
+    cp_async_commit();
+    if (ckt == 0) a.tile(e0);
+    if constexpr (AOp::FIX && AOp::HOOK) {
+      if (hook && a.fixing()) {
+        fix_own();
         __syncthreads();
       }
     }

@@ -43,7 +43,7 @@ __device__ __forceinline__ void load_rows(T* sh, const T* src, i64 e0, i64 E, in
 // A plain surface: row e at base + e * ld.
 template <typename T>
 struct SurfaceA {
-  static constexpr bool FIX = false;
+  static constexpr bool FIX = false, HOOK = false;
   const T* base;
   i64 ld;
   __device__ __forceinline__ const T* row(i64 e) const { return base + e * ld; }
@@ -57,7 +57,7 @@ struct SurfaceA {
 // base + e * ld), alpha folded in element by element after landing.
 template <typename T>
 struct AlphaA {
-  static constexpr bool FIX = true;
+  static constexpr bool FIX = true, HOOK = false;
   const T* base;
   i64 ld;
   const T* alpha;
@@ -322,7 +322,7 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
 // SEG 1 (|m| = 1, subtiles L+1..3L) needs sig only.
 template <typename T, int CF, int BM, int THREADS, typename S, int SEG>
 struct GzA {
-  static constexpr bool FIX = true;
+  static constexpr bool FIX = true, HOOK = true;
   const T* gf;
   const T* zf;
   const T* gwf;
