@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A development probe on the GPU machine: GPU tests, verify, then optionally
 #   AB="BENCH-ARGS"  scripts/ab.sh: the staged build (B) against .device/old (A),
+#                    for each preset of AB_PRESETS (default seed),
 #   SWEEP=1          the seed tile sweep (scripts/sweep.sh),
 #   NCU_K=REGEX      Nsight Compute on the matching kernels, with the warp
 #                    stall breakdown per issued instruction.
@@ -14,8 +15,11 @@ timeout 90 .device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log"
 grep -E "panicked|FAILED|failed" "$OUT/gpu_stack.log" | head -5
 timeout 20 .device/mixstack verify > "$OUT/verify.log" 2>&1; echo "verify rc=$? $(tail -1 "$OUT/verify.log")"
 if [ -n "${AB:-}" ]; then
-  # shellcheck disable=SC2086
-  ROUNDS=${ROUNDS:-2} timeout ${AB_S:-240} bash scripts/ab.sh $AB; echo "ab rc=$?"
+  for p in ${AB_PRESETS:-seed}; do
+    # shellcheck disable=SC2086
+    ROUNDS=${ROUNDS:-2} timeout ${AB_S:-240} bash scripts/ab.sh --preset $p $AB; echo "ab $p rc=$?"
+    mkdir -p "$OUT/ab_$p" && mv "$OUT"/ab_[AB]_* "$OUT/ab_$p/" 2>/dev/null
+  done
 fi
 if [ "${SWEEP:-0}" = 1 ]; then
   REPS=${REPS:-5} timeout ${SWEEP_S:-150} bash scripts/sweep.sh ${PRESET:-seed} ${CF:-32}; echo "sweep rc=$?"
