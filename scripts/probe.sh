@@ -4,14 +4,15 @@
 #                    for each preset of AB_PRESETS (default seed),
 #   SWEEP=1          the seed tile sweep (scripts/sweep.sh),
 #   NCU_K=REGEX      Nsight Compute on the matching kernels, with the warp
-#                    stall breakdown per issued instruction.
+#                    stall breakdown per issued instruction,
+#   TORCH=1          the PyTorch op's tests and timing (python/tests).
 # Results: $OUT/results.tar.gz.
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
 export MIXSTACK_VECTORS="$PWD/vectors"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
-timeout 90 .device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log" 2>&1; echo "gpu_stack rc=$? $(grep 'test result' "$OUT/gpu_stack.log")"
+timeout ${TESTS_S:-90} .device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log" 2>&1; echo "gpu_stack rc=$? $(grep 'test result' "$OUT/gpu_stack.log")"
 grep -E "panicked|FAILED|failed" "$OUT/gpu_stack.log" | head -5
 timeout 20 .device/mixstack verify > "$OUT/verify.log" 2>&1; echo "verify rc=$? $(tail -1 "$OUT/verify.log")"
 if [ -n "${AB:-}" ]; then
@@ -31,5 +32,8 @@ if [ -n "${NCU_K:-}" ] && command -v ncu >/dev/null; then
     --metrics "${stalls%,},smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active" \
     .device/mixstack bench --preset seed --reps 1 ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1; echo "ncu rc=$?"
   grep -E "^  [a-z_]|Throughput|Warp Cycles|stalled|Occupancy|Registers|Duration|Block Limit|inst_executed|ffma|pipe_fma" "$OUT/ncu.log" | grep -v "^ *-" | head -120
+fi
+if [ "${TORCH:-0}" = 1 ]; then
+  MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 90 python3 python/tests/test_torch_op.py --bench --repeats 5 > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -12 "$OUT/torch_op.log"
 fi
 cd "$OUT" && tar -czf /tmp/results.tar.gz ./* && rm -rf "$OUT"/* && mv /tmp/results.tar.gz "$OUT"/results.tar.gz

@@ -485,6 +485,48 @@ fn fused_bitwise_equals_relay_every_tile() {
 // dispatch: switch and fallbacks
 // ----------------------------------------------------------------------
 
+/// Every accepted relay GEMM tile of every GEMM stage (the pipes and A
+/// layouts differ, and a block may walk one tile or many) gives the default
+/// kernels' results bit for bit: forward out and z_all, backward grad_u0 and
+/// grad_alpha. E = 1 (one partial tile) and E = 333 (partial last tile).
+#[test]
+fn relay_tiles_bitwise_equal_every_tile() {
+    let name = "relay_tiles_bitwise_equal_every_tile";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    for (cf, e) in [(32usize, 333usize), (64, 1), (32, 1), (64, 333)] {
+        let lmax = rng.gen_range(1..=4usize);
+        let shape = Shape { f: 2, e, cf, lmax, n_layers: 3 };
+        let p = Problem::random(&mut rng, shape, true);
+        let st = make_stack::<f32>(&g, &p);
+        let d = st.dispatch();
+        let want = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+        let s = &g.stream;
+        let (u0, alpha, go) = (upload::<f32>(s, &p.u0), upload::<f32>(s, &p.alpha), upload::<f32>(s, &p.grad_out));
+        let stages = [Stage::FwdM0, Stage::FwdM1, Stage::FwdFinal, Stage::BwdFinal, Stage::BwdGemm];
+        let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf as u32, lmax as u32)).collect();
+        let most = lists.iter().map(Vec::len).max().unwrap_or(0);
+        for i in 0..most {
+            let (mut fwd, mut bwd) = (TileOverride::new(), TileOverride::new());
+            let mut used = Vec::new();
+            for (stage, list) in stages.iter().zip(&lists) {
+                let k = list[i % list.len()];
+                used.push(k.name);
+                if matches!(stage, Stage::BwdFinal | Stage::BwdGemm) { bwd.set(*stage, k.name) } else { fwd.set(*stage, k.name) }
+            }
+            let (out, z_all) = st.forward_with(s, &u0, &alpha, true, &fwd).unwrap();
+            let (gu, ga, _) =
+                st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::relay().with_tiles(bwd)).unwrap();
+            let what = format!("{} with {used:?}", p.describe());
+            assert!(bits(&download(s, &out)) == bits(&want.out), "out differs bitwise: {what}");
+            assert!(bits(&download(s, &z_all)) == bits(&want.z_all), "z_all differs bitwise: {what}");
+            assert!(bits(&download(s, &gu)) == bits(&want.grad_u0), "grad_u0 differs bitwise: {what}");
+            assert!(bits(&download(s, &ga)) == bits(&want.grad_alpha), "grad_alpha differs bitwise: {what}");
+        }
+        println!("ok bitwise: {} relay tile sets at {}", most, p.describe());
+    }
+}
+
 #[test]
 fn switch_drives_dispatch() {
     let name = "switch_drives_dispatch";
