@@ -139,9 +139,6 @@ pub enum Pipe {
     /// `stages` (2..4) chunks that does not drain between tiles; epilogue
     /// straight from registers. Launched with at most the resident blocks.
     Stream,
-    /// `Stream` with the A chunk stored k-major (4-byte copies transpose
-    /// it): a k step loads TM + TN fragment registers, not TM*W + TN.
-    StreamK,
 }
 
 impl Pipe {
@@ -150,7 +147,6 @@ impl Pipe {
             Pipe::Regs => "pr",
             Pipe::Async => "pa",
             Pipe::Stream => "ps",
-            Pipe::StreamK => "pk",
         }
     }
     /// The value of the kernels' PIPE template argument.
@@ -159,12 +155,7 @@ impl Pipe {
             Pipe::Regs => 0,
             Pipe::Async => 1,
             Pipe::Stream => 2,
-            Pipe::StreamK => 3,
         }
-    }
-    /// Persistent blocks over a ring (launched with the resident count).
-    pub fn streams(self) -> bool {
-        matches!(self, Pipe::Stream | Pipe::StreamK)
     }
 }
 

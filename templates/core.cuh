@@ -406,11 +406,6 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
-// 4 bytes global -> shared (through L1: the sector's other words are the
-// neighbouring copies'); src_bytes 0 writes zero.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -570,67 +565,24 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, const 
   }
 }
 
-// The same over a k-major A chunk (As[k * AS + m]): thread (ty, tx) owns
-// rows Tile::row(ty, i), in groups of W consecutive rows, so a k step loads
-// TM/W + TN/W 16-byte vectors into TM + TN registers (the row-major chunk
-// needs TM*W + TN live), which leaves the compiler room to prefetch the next
-// step's fragments.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int AS>
-__device__ __forceinline__ void mma_stream_kmajor(T (&acc)[TM][TN], const T* As, const T* Bs, int ty, int tx) {
-  typedef Tile<T, BM, BN, BK, TM, TN, 0> TL;
-  constexpr int W = TL::W;
-#pragma unroll
-  for (int k = 0; k < BK; ++k) {
-    T a[TM], b[TN];
-#pragma unroll
-    for (int i = 0; i < TM; i += W) Vec<T>::load(As + k * AS + TL::row(ty, i), a + i);
-#pragma unroll
-    for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + k * BN + TL::col(tx, j), b + j);
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-      for (int j = 0; j < TN; ++j) acc[i][j] = op_dot_step<T>(a[i], b[j], acc[i][j]);
-  }
-}
-
-// A thread's share of a k-major chunk copy, 4 bytes per copy: a warp takes
-// 8 consecutive k (one 32-byte sector of a row) of 4 rows, so its stores hit
-// 32 distinct banks (row stride AS = 4 mod 32 words) and its loads whole
-// sectors. Thread tid copies column k_t of rows m_t + it * STEP, it <
-// BM / STEP: one row pointer per thread, stepped by a constant.
-template <int BM, int BK, int THREADS>
-struct KMajorShare {
-  static_assert(BK % 8 == 0 && THREADS % 32 == 0 && (THREADS / 32) % (BK / 8) == 0,
-                "k-major A copies: 8 k-values per row, whole warps per k-group");
-  static constexpr int STEP = THREADS * 4 / (32 * (BK / 8)), COUNT = (BM + STEP - 1) / STEP;
-  int m, k;
-  __device__ __forceinline__ explicit KMajorShare(int tid)
-      : m((tid / 32) / (BK / 8) * 4 + (tid / 8) % 4), k((tid / 32) % (BK / 8) * 8 + tid % 8) {}
-};
-
 // The A operand (a struct of stages.cuh) gives a.row(e), the cp.async source
 // of row e at k = 0, rows a.stride() elements apart; a.tile(e0), run once
 // per tile before its first chunk is used (it may use barriers: every thread
-// calls it; AOp::HOOK says it does work); and, where AOp::FIX, a.fix(m, e, k, raw), the operand element
-// from the landed raw one, applied to each chunk in place.
-// KM: A chunk k-major (4-byte copies, mma_stream_kmajor), else row-major
-// (16-byte copies, mma_stream).
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, bool KM, int SMEM_A,
-          int SMEM_B, typename AOp, typename Epi>
+// calls it; AOp::HOOK says it does work); and, where AOp::FIX,
+// a.fix(m, e, k, raw), the operand element from the landed raw one, applied
+// to each chunk in place.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
+          typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
                                             Epi epi) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
   constexpr int AK = BK + W;  // padded row of the row-major A chunk
-  constexpr int AS = BM + W;  // padded k-row of the k-major A chunk
-  constexpr int A_STAGE = KM ? BK * AS : BM * AK, B_STAGE = BK * BN;
-  typedef Tile<T, BM, BN, BK, TM, TN, 0> TL;
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
   T* As = smem_at<T>(SMEM_A);
   T* Bs = smem_at<T>(SMEM_B);
   const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
-  // Tile row of a thread's i-th accumulator row.
-  auto row_of = [&](int i) { return KM ? TL::row(ty, i) : ty + i * TY; };
   const int ntn = (N + BN - 1) / BN;
   const i64 tiles = (E + BM - 1) / BM * ntn;
   if ((i64)blockIdx.x >= tiles) return;  // whole block: no barrier is skipped
@@ -663,23 +615,11 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     const T* asrc = a.row(e0) + k0;
     const int rows = E - e0 < BM ? (int)(E - e0) : BM;
     const int stride = a.stride();
-    if constexpr (KM) {
-      typedef KMajorShare<BM, BK, THREADS> KS;
-      const KS ks(tid);
-      const T* src = asrc + ks.m * stride + ks.k;
-#pragma unroll
-      for (int it = 0; it < KS::COUNT; ++it, src += KS::STEP * stride) {
-        const int m = ks.m + it * KS::STEP;
-        const bool ok = m < rows;
-        if (BM % KS::STEP == 0 || m < BM) cp_async4(as + ks.k * AS + m, ok ? src : asrc, ok ? (int)sizeof(T) : 0);
-      }
-    } else {
-      for_share<BM * BK / W, THREADS>(tid, [&](int v) {
-        const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
-        const bool ok = m < rows;
-        cp_async16(as + m * AK + k, asrc + (ok ? m * stride + k : 0), ok ? 16 : 0);
-      });
-    }
+    for_share<BM * BK / W, THREADS>(tid, [&](int v) {
+      const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
+      const bool ok = m < rows;
+      cp_async16(as + m * AK + k, asrc + (ok ? m * stride + k : 0), ok ? 16 : 0);
+    });
     if (++lkt == KT) {
       lkt = 0;
       lw.step(dm, dn, ntn);
@@ -710,29 +650,17 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     // first chunk under a hook (which the fix reads) waits for a second.
     auto fix_own = [&]() {
       const int k0 = ckt * BK;
-      if constexpr (KM) {
-        typedef KMajorShare<BM, BK, THREADS> KS;
-        const KS ks(tid);
+      for_share<BM * BK / W, THREADS>(tid, [&](int idx) {
+        const int m = idx / (BK / W), k = (idx - m * (BK / W)) * W;
+        const i64 e = e0 + m;
+        if (e < E) {
+          T x[W];
+          Vec<T>::load(as + m * AK + k, x);
 #pragma unroll
-        for (int it = 0; it < KS::COUNT; ++it) {
-          const int m = ks.m + it * KS::STEP;
-          const i64 e = e0 + m;
-          T* x = as + ks.k * AS + m;
-          if ((BM % KS::STEP == 0 || m < BM) && e < E) *x = a.fix(m, e, k0 + ks.k, *x);
+          for (int w = 0; w < W; ++w) x[w] = a.fix(m, e, k0 + k + w, x[w]);
+          Vec<T>::store(as + m * AK + k, x);
         }
-      } else {
-        for_share<BM * BK / W, THREADS>(tid, [&](int idx) {
-          const int m = idx / (BK / W), k = (idx - m * (BK / W)) * W;
-          const i64 e = e0 + m;
-          if (e < E) {
-            T x[W];
-            Vec<T>::load(as + m * AK + k, x);
-#pragma unroll
-            for (int w = 0; w < W; ++w) x[w] = a.fix(m, e, k0 + k + w, x[w]);
-            Vec<T>::store(as + m * AK + k, x);
-          }
-        });
-      }
+      });
     };
     const bool hook = AOp::HOOK && ckt == 0;
     if constexpr (AOp::FIX) {
@@ -748,8 +676,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
         __syncthreads();
       }
     }
-    if constexpr (KM) mma_stream_kmajor<T, BM, BN, BK, TM, TN, AS>(acc, as, Bs + cst * B_STAGE, ty, tx);
-    else mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
+    mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const int n0 = cw.n * BN;
@@ -758,7 +685,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
       auto store_acc = [&](auto guarded) {
 #pragma unroll
         for (int i = 0; i < TM; ++i) {
-          const i64 e = e0 + row_of(i);
+          const i64 e = e0 + ty + i * TY;
 #pragma unroll
           for (int j = 0; j < TN; j += W) {
             const int n = n0 + tx * W + (j / W) * TX * W;
@@ -781,14 +708,13 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
 
 
 // The stage bodies' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
-// gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring), 3 ->
-// gemm_stream with a k-major A chunk. PIPE 0
+// gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring). PIPE 0
 // and 1 serve one tile per block: the A operand's tile hook runs once, first.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int APAD,
           int SMEM_A, int SMEM_B, int SMEM_C, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi) {
-  if constexpr (PIPE >= 2) {
-    gemm_stream<T, BM, BN, BK, TM, TN, STAGES, PIPE == 3, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
+  if constexpr (PIPE == 2) {
+    gemm_stream<T, BM, BN, BK, TM, TN, STAGES, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
   } else {
     a.tile(block_row<BM, BN>(N));
     auto a_at = [&](int m, i64 e, int k) { return a.fix(m, e, k, a.row(e)[k]); };

@@ -53,24 +53,6 @@ struct SurfaceA {
   __device__ __forceinline__ T fix(int, i64, int, T raw) const { return raw; }
 };
 
-// ga = grad_out * alpha, grad_out edge-major (row e of focus f at
-// base + e * ld), alpha folded in element by element after landing.
-template <typename T>
-struct AlphaA {
-  static constexpr bool FIX = true, HOOK = false;
-  const T* base;
-  i64 ld;
-  const T* alpha;
-  int F, f, apply;
-  __device__ __forceinline__ const T* row(i64 e) const { return base + e * ld; }
-  __device__ __forceinline__ int stride() const { return (int)ld; }
-  __device__ __forceinline__ void tile(i64) {}
-  __device__ __forceinline__ bool fixing() const { return apply != 0; }
-  __device__ __forceinline__ T fix(int, i64 e, int, T raw) const {
-    return apply ? op_alpha_scale<T>(raw, __ldg(alpha + e * F + f)) : raw;
-  }
-};
-
 // Epilogue helpers: W consecutive columns at once (16-byte accesses).
 template <typename T>
 __device__ __forceinline__ void store_residual(T* out, const T* r, const T* v) {
@@ -220,8 +202,11 @@ __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
   }
 }
 
-// Final identity layer: g[f, e, seg] = ga + ga_seg @ W_seg^T, ga = grad_out * alpha
-// folded on the fly (grad_out is edge-major, g focus-major).
+// Final identity layer: g[f, e, seg] = ga + ga_seg @ W_seg^T, ga = grad_out
+// * alpha (grad_out edge-major, g focus-major). alpha is one scalar per row,
+// so it scales the product and the residual in the epilogue: the A operand is
+// grad_out as it lies and the K loop has no fix pass (a per-chunk scaling
+// pass cost this stage ~0.8 ms of 5 at the seed workload, BENCH.md run 25).
 template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
                                           const T* __restrict__ alpha, const T* __restrict__ wt,
@@ -230,15 +215,21 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z, F = gridDim.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
-  AlphaA<T> a{grad_out + (i64)f * d.ROW + off, (i64)F * d.ROW, alpha, F, f, apply_alpha};
+  SurfaceA<T> a{grad_out + (i64)f * d.ROW + off, (i64)F * d.ROW};
   T* gf = g + (i64)f * E * d.ROW + off;
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         T x[W];
         Vec<T>::ldg(a.row(e) + n, x);
+        if (apply_alpha) {
+          const T al = __ldg(alpha + e * F + f);
 #pragma unroll
-        for (int i = 0; i < W; ++i) x[i] = op_residual<T>(a.fix(0, e, n + i, x[i]), v[i]);
+          for (int i = 0; i < W; ++i) x[i] = op_residual<T>(op_alpha_scale<T>(x[i], al), op_alpha_scale<T>(v[i], al));
+        } else {
+#pragma unroll
+          for (int i = 0; i < W; ++i) x[i] = op_residual<T>(x[i], v[i]);
+        }
         Vec<T>::store(gf + e * d.ROW + n, x);
       });
 }

@@ -89,7 +89,7 @@ fn bad_values_are_named() {
 #[test]
 fn a_default_must_name_an_instance() {
     let dir = specs_with("tiles.yaml", |t| {
-        t.replacen("tile: m256_n64_k16_t8x8_s3_b2_ps}", "tile: m256_n64_k16_t8x8_s9_b2_ps}", 1)
+        t.replacen("tile: m128_n128_k32_t8x8_s2_b1_ps}", "tile: m128_n128_k32_t8x8_s9_b1_ps}", 1)
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None)).unwrap_err().to_string();

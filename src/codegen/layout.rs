@@ -63,11 +63,10 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     for b in bufs {
         match b {
             // With two stages the next K chunk is stored while this one computes.
-            // regs, streamk: A k-major (bk rows of bm + pad); async, stream:
-            // row-major (bm rows of bk + pad).
+            // regs: A k-major (bk rows of bm + pad); async: row-major (bm rows of bk + pad).
             SmemBuf::ATile => {
                 l.a_tile = match pipe {
-                    crate::kinds::Pipe::Regs | crate::kinds::Pipe::StreamK => place(stages * bk * (bm + apad) * sz),
+                    crate::kinds::Pipe::Regs => place(stages * bk * (bm + apad) * sz),
                     crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => place(stages * bm * (bk + apad) * sz),
                 }
             }
@@ -81,7 +80,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     if matches!(g, Geometry::Gemm { .. }) {
         l.c_tile = Some(0);
         // The streaming pipe's epilogue leaves from registers: no C tile.
-        if !pipe.streams() {
+        if pipe != crate::kinds::Pipe::Stream {
             l.fixed = l.fixed.max(align16(bm * (bn + apad) * sz));
         }
     }

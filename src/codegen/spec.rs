@@ -315,16 +315,10 @@ impl Specs {
                 }
                 let stages_ok = match t.pipe {
                     crate::kinds::Pipe::Regs => (1..=2).contains(&t.stages),
-                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream | crate::kinds::Pipe::StreamK => {
-                        (2..=4).contains(&t.stages)
-                    }
+                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => (2..=4).contains(&t.stages),
                 };
                 if !stages_ok {
-                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream or streamk"));
-                }
-                // The k-major copy moves 8 k-values (one 32-byte sector) per row.
-                if t.pipe == crate::kinds::Pipe::StreamK && matches!(t.block_k, BlockK::Fixed(k) if k % 8 != 0) {
-                    return Err(self.invalid("tiles.yaml", field("block_k"), "must be a multiple of 8 with pipe: streamk"));
+                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2 with pipe: regs, 2 to 4 with pipe: async or stream"));
                 }
                 if t.min_blocks == 0 {
                     return Err(self.invalid("tiles.yaml", field("min_blocks"), "must be positive"));

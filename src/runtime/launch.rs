@@ -52,7 +52,7 @@ pub fn launch_config(
             // read the same A rows run together and share them through L2.
             let tiles = (e as u64).div_ceil(block_m as u64) * (n as u64).div_ceil(bn as u64);
             let blocks = match (pipe, resident) {
-                (p, Some(r)) if p.streams() => tiles.min((r / f.max(1) as u64).max(1)),
+                (Pipe::Stream, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
                 _ => tiles,
             };
             (t, blocks, 1)
