@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use mixstack::reference::{self, Shape, Weights};
-use mixstack::runtime::dispatch::{Dispatch, Path, Reason, TileOverride, FUSED_CF_LIMIT};
+use mixstack::runtime::dispatch::{Dispatch, Path, Reason, TileOverride, FORWARD_STAGES, FUSED_CF_LIMIT};
 use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::switch::FUSED_ENV;
 use mixstack::runtime::table::{Dtype, Stage};
@@ -485,8 +485,8 @@ fn fused_bitwise_equals_relay_every_tile() {
 // dispatch: switch and fallbacks
 // ----------------------------------------------------------------------
 
-/// Every accepted relay GEMM tile of every GEMM stage (the pipes and A
-/// layouts differ, and a block may walk one tile or many) gives the default
+/// Every accepted tile of every relay stage (GEMM pipes differ, a block may
+/// walk one tile or many; row kernels take 8 to 64 rows) gives the default
 /// kernels' results bit for bit: forward out and z_all, backward grad_u0 and
 /// grad_alpha. E = 1 (one partial tile) and E = 333 (partial last tile).
 #[test]
@@ -503,7 +503,17 @@ fn relay_tiles_bitwise_equal_every_tile() {
         let want = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
         let s = &g.stream;
         let (u0, alpha, go) = (upload::<f32>(s, &p.u0), upload::<f32>(s, &p.alpha), upload::<f32>(s, &p.grad_out));
-        let stages = [Stage::FwdM0, Stage::FwdM1, Stage::FwdFinal, Stage::BwdFinal, Stage::BwdGemm];
+        let stages = [
+            Stage::FwdM0,
+            Stage::FwdGate,
+            Stage::FwdM1,
+            Stage::FwdFinal,
+            Stage::BwdGradAlpha,
+            Stage::BwdFinal,
+            Stage::BwdRecompute,
+            Stage::BwdPointwise,
+            Stage::BwdGemm,
+        ];
         let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf as u32, lmax as u32)).collect();
         let most = lists.iter().map(Vec::len).max().unwrap_or(0);
         for i in 0..most {
@@ -512,7 +522,7 @@ fn relay_tiles_bitwise_equal_every_tile() {
             for (stage, list) in stages.iter().zip(&lists) {
                 let k = list[i % list.len()];
                 used.push(k.name);
-                if matches!(stage, Stage::BwdFinal | Stage::BwdGemm) { bwd.set(*stage, k.name) } else { fwd.set(*stage, k.name) }
+                if FORWARD_STAGES.contains(stage) { fwd.set(*stage, k.name) } else { bwd.set(*stage, k.name) }
             }
             let (out, z_all) = st.forward_with(s, &u0, &alpha, true, &fwd).unwrap();
             let (gu, ga, _) =
