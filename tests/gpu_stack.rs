@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use mixstack::reference::{self, Shape, Weights};
-use mixstack::runtime::dispatch::{Dispatch, Path, Reason, TileOverride, FORWARD_STAGES, FUSED_CF_LIMIT};
+use mixstack::runtime::dispatch::{Dispatch, Path, Reason, TileOverride, FORWARD_STAGES, FUSED_CF_LIMIT, RELAY_STAGES};
 use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::switch::FUSED_ENV;
 use mixstack::runtime::table::{Dtype, Stage};
@@ -503,17 +503,7 @@ fn relay_tiles_bitwise_equal_every_tile() {
         let want = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
         let s = &g.stream;
         let (u0, alpha, go) = (upload::<f32>(s, &p.u0), upload::<f32>(s, &p.alpha), upload::<f32>(s, &p.grad_out));
-        let stages = [
-            Stage::FwdM0,
-            Stage::FwdGate,
-            Stage::FwdM1,
-            Stage::FwdFinal,
-            Stage::BwdGradAlpha,
-            Stage::BwdFinal,
-            Stage::BwdRecompute,
-            Stage::BwdPointwise,
-            Stage::BwdGemm,
-        ];
+        let stages: Vec<Stage> = FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()).copied().collect();
         let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf as u32, lmax as u32)).collect();
         let most = lists.iter().map(Vec::len).max().unwrap_or(0);
         for i in 0..most {
