@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device && mkdir -p .device/bin
 cargo build --release
-cp target/release/mixstack .device/bin/
-[ -f target/release/libmixstack.so ] && cp target/release/libmixstack.so .device/bin/
+rel="${CARGO_TARGET_DIR:-target}/release"
+cp "$rel/mixstack" .device/bin/
+[ -f "$rel/libmixstack.so" ] && cp "$rel/libmixstack.so" .device/bin/
 cargo test --release --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil

@@ -42,3 +42,6 @@ echo "$bwd" > "$OUT/chosen_backward.txt"; echo "$fwd" > "$OUT/chosen_forward.txt
 timeout ${TUNE_S:-150} .device/mixstack bench --preset "$preset" --reps 12 --variant relay --variant "relay:$bwd" \
   --forward-variant default --forward-variant "$fwd" --json "$OUT/chosen_$preset.json" > "$OUT/chosen_$preset.log" 2>&1
 echo "chosen bench rc=$?"; grep -vE "^    " "$OUT/chosen_$preset.log"
+# One archive: the device returns at most 8 files.
+(cd "$OUT" && tar -czf "tune_$preset.tar.gz" "tune_$preset".{json,log} "chosen_$preset".{json,log} chosen_*.txt && \
+  rm -f "tune_$preset".{json,log} "chosen_$preset".{json,log} chosen_*.txt)
