@@ -7,7 +7,7 @@
 #    launches, across the variants that ran it.
 # 3. A second bench: the defaults against that combination, side by side.
 # Usage: PRESET=seed scripts/tune.sh BENCH-VARIANT-ARGS...   (binaries staged
-# in .device/; results and the chosen names under $OUT)
+# in .device/; logs, JSON and the chosen names in $OUT/tune_PRESET.tar.gz)
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 preset=${PRESET:-seed}
