@@ -101,6 +101,12 @@ int mixstack_backward(mixstack_stack* stack, int64_t e, const void* grad_out, co
  * the reason is copied NUL-terminated into reason (truncated to reason_len; may be NULL). */
 int mixstack_last_path(const mixstack_stack* stack, int* path, char* reason, size_t reason_len);
 
+/* Every forward/backward call takes its scratch from the stack's own memory pool, which
+ * keeps what a call freed mapped for the next call (as PyTorch's caching allocator does;
+ * this memory is not PyTorch's). Hands that memory back to the device after waiting for
+ * the device's work. */
+int mixstack_release_cached_memory(mixstack_stack* stack);
+
 /* Message of the last failing call on this thread ("" if none). Not a status; the pointer
  * stays valid until the next failing call on this thread. */
 const char* mixstack_last_error(void);

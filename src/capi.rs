@@ -718,6 +718,20 @@ pub unsafe extern "C" fn mixstack_last_path(
     })
 }
 
+/// See `mixstack_release_cached_memory` in include/mixstack.h.
+#[no_mangle]
+pub unsafe extern "C" fn mixstack_release_cached_memory(stack: *mut mixstack_stack) -> c_int {
+    boundary("mixstack_release_cached_memory", || {
+        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
+        let s = unsafe { handle(stack) }?;
+        match &s.inner {
+            Inner::F32(st) => st.release_cached_memory()?,
+            Inner::F64(st) => st.release_cached_memory()?,
+        }
+        Ok(())
+    })
+}
+
 /// See `mixstack_last_error` in include/mixstack.h.
 #[no_mangle]
 pub extern "C" fn mixstack_last_error() -> *const c_char {

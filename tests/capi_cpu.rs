@@ -84,6 +84,18 @@ fn destroy_null_is_a_noop() {
 }
 
 #[test]
+fn release_cached_memory_needs_a_handle() {
+    std::thread::spawn(|| {
+        let rc = unsafe { mixstack_release_cached_memory(null_mut()) };
+        assert_eq!(rc, code(mixstack_status::MIXSTACK_ERR_NULL_POINTER));
+        let text = last_error();
+        assert!(text.starts_with("mixstack_release_cached_memory:") && text.contains("null"), "{text}");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
 fn last_error_is_empty_on_a_fresh_thread_and_per_thread() {
     std::thread::spawn(|| {
         assert_eq!(last_error(), "", "a thread with no failing call has no error text");

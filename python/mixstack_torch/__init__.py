@@ -112,6 +112,8 @@ def _load():
         lib.mixstack_last_path.restype = c_int
         lib.mixstack_stack_destroy.argtypes = [c_vp]
         lib.mixstack_stack_destroy.restype = None
+        lib.mixstack_release_cached_memory.argtypes = [c_vp]
+        lib.mixstack_release_cached_memory.restype = c_int
         version = lib.mixstack_abi_version()
         if version != ABI_VERSION:
             raise OSError(f"{path}: ABI version {version}, this package expects {ABI_VERSION}")
@@ -175,6 +177,16 @@ def clear_cache():
 
 
 atexit.register(clear_cache)
+
+
+def release_cached_memory():
+    """Hand the scratch memory the cached stacks keep mapped between calls
+    (their own pools, outside PyTorch's allocator) back to the device."""
+    with _cache_lock:
+        entries = list(_cache.values())
+    for e in entries:
+        if e.handle:
+            _check(_load().mixstack_release_cached_memory(e.handle), "mixstack_release_cached_memory")
 
 
 def _current_stream(device):
