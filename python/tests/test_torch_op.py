@@ -367,6 +367,17 @@ def test_side_stream():
     check_close("side stream", {"out": rel(out, r_out), "grad_u0": rel(gu, r_gu), "grad_alpha": rel(ga, r_ga)}, TOL_F32)
 
 
+def test_release_cached_memory():
+    # The stacks' pools give their cached scratch back; the next calls map it
+    # again and give the same bits.
+    c = make_case(2, 3001, 32, 3, 3, torch.float32, seed=1100)
+    before = op_fwd_bwd(c, True, "relay")
+    mt.release_cached_memory()
+    after = op_fwd_bwd(c, True, "relay")
+    for name, a, b in zip(("out", "z_all", "grad_u0", "grad_alpha"), before, after):
+        assert torch.equal(a, b), f"{name} differs after release_cached_memory"
+
+
 def test_alpha_none_without_apply_alpha():
     c = make_case(1, 50, 32, 1, 2, torch.float64, seed=1100)
     out, _ = mt.mixstack_stack(c["u0"], None, c["w0_all"], c["w1_all"], c["gw_all"], 1, 32, False)
@@ -436,6 +447,7 @@ TESTS = [
     test_cache_follows_in_place_weight_updates,
     test_empty_edges,
     test_side_stream,
+    test_release_cached_memory,
     test_alpha_none_without_apply_alpha,
 ]
 
