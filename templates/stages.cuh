@@ -49,7 +49,6 @@ struct SurfaceA {
   __device__ __forceinline__ const T* row(i64 e) const { return base + e * ld; }
   __device__ __forceinline__ int stride() const { return (int)ld; }
   __device__ __forceinline__ void tile(i64) {}
-  __device__ __forceinline__ bool fixing() const { return false; }
   __device__ __forceinline__ T fix(int, i64, int, T raw) const { return raw; }
 };
 
@@ -328,7 +327,6 @@ struct GzA {
   }
   __device__ __forceinline__ const T* row(i64 e) const { return gf + e * ROW + off; }
   __device__ __forceinline__ int stride() const { return ROW; }
-  __device__ __forceinline__ bool fixing() const { return true; }
   __device__ __forceinline__ void tile(i64 e0) {
     load_scalar_rows<T, CF, BM, THREADS>(s_sh(), zf, e0, E, ROW);
     __syncthreads();
