@@ -486,7 +486,7 @@ fn fused_bitwise_equals_relay_every_tile() {
 // ----------------------------------------------------------------------
 
 /// Every accepted tile of every relay stage (GEMM pipes differ, a block may
-/// walk one tile or many; row kernels take 8 to 64 rows) gives the default
+/// walk one tile or many; row kernels take 8 to 128 rows) gives the default
 /// kernels' results bit for bit: forward out and z_all, backward grad_u0 and
 /// grad_alpha. E = 1 (one partial tile) and E = 333 (partial last tile).
 #[test]
