@@ -506,6 +506,7 @@ fn relay_tiles_bitwise_equal_every_tile() {
         let stages: Vec<Stage> = FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()).copied().collect();
         let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf as u32, lmax as u32)).collect();
         let most = lists.iter().map(Vec::len).max().unwrap_or(0);
+        st.set_profiling(true);
         for i in 0..most {
             let (mut fwd, mut bwd) = (TileOverride::new(), TileOverride::new());
             let mut used = Vec::new();
@@ -518,11 +519,17 @@ fn relay_tiles_bitwise_equal_every_tile() {
             let (gu, ga, _) =
                 st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::relay().with_tiles(bwd)).unwrap();
             let what = format!("{} with {used:?}", p.describe());
+            // The overrides took effect: every named kernel launched.
+            let ran: Vec<&str> = st.timings().unwrap().iter().map(|k| k.kernel).collect();
+            for name in &used {
+                assert!(ran.contains(name), "{name} did not run: {what}");
+            }
             assert!(bits(&download(s, &out)) == bits(&want.out), "out differs bitwise: {what}");
             assert!(bits(&download(s, &z_all)) == bits(&want.z_all), "z_all differs bitwise: {what}");
             assert!(bits(&download(s, &gu)) == bits(&want.grad_u0), "grad_u0 differs bitwise: {what}");
             assert!(bits(&download(s, &ga)) == bits(&want.grad_alpha), "grad_alpha differs bitwise: {what}");
         }
+        st.set_profiling(false);
         println!("ok bitwise: {} relay tile sets at {}", most, p.describe());
     }
 }
@@ -748,7 +755,7 @@ fn cached_scratch_reuse_is_exact() {
     let a = Problem::random(&mut rng, shape, true);
     let mut b = Problem::random(&mut rng, shape, true);
     (b.w0, b.w1, b.gw) = (a.w0.clone(), a.w1.clone(), a.gw.clone());
-    for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+    for (opts, path) in [(BackwardOptions::relay(), Path::Relay), (BackwardOptions::fused(), Path::Fused)] {
         let fresh = make_stack::<f32>(&g, &b);
         fresh.debug_poison_allocations(false);
         let want = run(&g, &fresh, &b, &opts).unwrap();
@@ -759,6 +766,7 @@ fn cached_scratch_reuse_is_exact() {
         st.release_cached_memory().unwrap();
         let again = run(&g, &st, &b, &opts).unwrap();
         for (what, x) in [("after another call", &got), ("after release_cached_memory", &again)] {
+            assert_eq!(x.decision.path, path, "{what}: took {}", x.decision);
             assert_eq!(bits(&x.out), bits(&want.out), "{what}: out ({})", x.decision);
             assert_eq!(bits(&x.z_all), bits(&want.z_all), "{what}: z_all ({})", x.decision);
             assert_eq!(bits(&x.grad_u0), bits(&want.grad_u0), "{what}: grad_u0 ({})", x.decision);

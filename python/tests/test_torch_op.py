@@ -372,7 +372,12 @@ def test_release_cached_memory():
     # again and give the same bits.
     c = make_case(2, 3001, 32, 3, 3, torch.float32, seed=1100)
     before = op_fwd_bwd(c, True, "relay")
+    torch.cuda.synchronize()
+    free_cached, _ = torch.cuda.mem_get_info()
     mt.release_cached_memory()
+    free_released, _ = torch.cuda.mem_get_info()
+    # The pool held the calls' scratch (MBs here): releasing frees device memory.
+    assert free_released > free_cached, f"free memory {free_cached} -> {free_released}: nothing was released"
     after = op_fwd_bwd(c, True, "relay")
     for name, a, b in zip(("out", "z_all", "grad_u0", "grad_alpha"), before, after):
         assert torch.equal(a, b), f"{name} differs after release_cached_memory"
