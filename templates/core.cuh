@@ -406,6 +406,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+// The same with dst given as a shared-window address.
+__device__ __forceinline__ void cp_async16s(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -513,19 +517,50 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
 // its epilogue's accesses are contiguous 16-byte groups. The epilogue runs
 // straight from registers: no shared-memory round trip, no barrier.
 
-// f(v) for this thread's share v = tid, tid + THREADS, ... of TOTAL items,
-// with a compile-time trip count: straight-line code. (A loop from tid
-// leaves the compiler a remainder loop and a branch per item, since it
-// cannot know tid < THREADS: in the bwd_gemm ring's SASS that was ~700 of
-// the ~2,050 instructions per 1,024-FMA chunk.)
-template <int TOTAL, int THREADS, typename F>
-__device__ __forceinline__ void for_share(int tid, F f) {
+// One chunk copy of R rows x V 16-byte pieces into shared memory (row pitch
+// SP elements) from global rows `gp` elements apart. A thread keeps one
+// piece column c0 and walks rows r0, r0 + DR, ... (DR = THREADS / V; the
+// last THREADS % V threads copy nothing), so its offsets are fixed and a
+// chunk costs one base address, not a division and a 64-bit address per
+// piece: in the bwd_gemm ring's SASS the loader went from ~130 to ~75
+// instructions per chunk. each() deals the same pieces, so a stage's fix
+// touches exactly what this thread copied (one barrier covers both).
+template <typename T, int R, int V, int THREADS, int SP>
+struct ChunkCopy {
+  static_assert(THREADS >= V, "one thread per piece column at least");
+  static constexpr int W = Vec<T>::W, DR = THREADS / V, IT = (R + DR - 1) / DR;
+  int r0, c0;
+  __device__ __forceinline__ explicit ChunkCopy(int tid) : r0(tid / V), c0((tid % V) * W) {}
+  // f(it, r, c) for each of this thread's pieces.
+  template <typename F>
+  __device__ __forceinline__ void each(F f) const {
+    if (THREADS % V != 0 && r0 >= DR) return;
 #pragma unroll
-  for (int it = 0; it < (TOTAL + THREADS - 1) / THREADS; ++it) {
-    const int v = tid + it * THREADS;
-    if (TOTAL % THREADS == 0 || v < TOTAL) f(v);
+    for (int it = 0; it < IT; ++it) {
+      const int r = r0 + it * DR;
+      if (R % DR == 0 || r < R) f(it, r, c0);
+    }
   }
-}
+  // Where a chunk runs past the surface (`whole` false: the last row tile,
+  // a ragged column tile), ok(r, c) says which pieces are in range; one that
+  // is not copies nothing (source size 0: zero fill) from src, the chunk's
+  // first element, so no address outside the surface is ever formed.
+  template <typename Ok>
+  __device__ __forceinline__ void copy(unsigned dst, const T* src, int gp, bool whole, Ok ok) const {
+    const char* s = reinterpret_cast<const char*>(src + r0 * gp + c0);
+    const unsigned d = dst + (r0 * SP + c0) * (int)sizeof(T);
+    const int step = DR * gp * (int)sizeof(T);
+    if (whole) {
+      each([&](int it, int, int) { cp_async16s(d + it * DR * SP * (int)sizeof(T), s + it * step, 16); });
+    } else {
+      each([&](int it, int r, int c) {
+        const bool y = ok(r, c);
+        cp_async16s(d + it * DR * SP * (int)sizeof(T), y ? s + it * step : reinterpret_cast<const char*>(src),
+                    y ? 16 : 0);
+      });
+    }
+  }
+};
 
 // Tile (m, n) of a block's walk, advanced by gridDim.x tiles at a time
 // without 64-bit divisions.
@@ -597,29 +632,20 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
   TileWalk lw = first, cw = first;
   int lkt = 0, lst = 0;
   i64 lq = 0;
+  // Offsets within a chunk are ints (a K x N weight block, BM rows of A):
+  // one 64-bit address per chunk, not one per copy.
+  const ChunkCopy<T, BK, BN / W, THREADS, BN> copy_b(tid);
+  const ChunkCopy<T, BM, BK / W, THREADS, AK> copy_a(tid);
+  const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
+  const int stride = a.stride();
   auto load_next = [&]() {
     const i64 e0 = lw.m * BM;
     const int n0 = lw.n * BN, k0 = lkt * BK;
-    T* as = As + lst * A_STAGE;
-    T* bs = Bs + lst * B_STAGE;
-    // Offsets within the chunk are ints (a K x N weight block, BM rows of
-    // A): one 64-bit address per chunk, not one per copy.
-    // A copy past the edge reads nothing (size 0, zero fill) from the
-    // chunk's first element.
-    const T* bsrc = B + k0 * N + n0;
-    for_share<BK * BN / W, THREADS>(tid, [&](int v) {
-      const int kk = v / (BN / W), n = (v - kk * (BN / W)) * W;
-      const bool ok = n0 + n < N;
-      cp_async16(bs + kk * BN + n, bsrc + (ok ? kk * N + n : 0), ok ? 16 : 0);
-    });
-    const T* asrc = a.row(e0) + k0;
+    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), B + k0 * N + n0, N, n0 + BN <= N,
+                [&](int, int n) { return n0 + n < N; });
     const int rows = E - e0 < BM ? (int)(E - e0) : BM;
-    const int stride = a.stride();
-    for_share<BM * BK / W, THREADS>(tid, [&](int v) {
-      const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
-      const bool ok = m < rows;
-      cp_async16(as + m * AK + k, asrc + (ok ? m * stride + k : 0), ok ? 16 : 0);
-    });
+    copy_a.copy(as0 + lst * A_STAGE * (int)sizeof(T), a.row(e0) + k0, stride, rows == BM,
+                [&](int m, int) { return m < rows; });
     if (++lkt == KT) {
       lkt = 0;
       lw.step(dm, dn, ntn);
@@ -650,8 +676,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     // first chunk under a hook (which the fix reads) waits for a second.
     auto fix_own = [&]() {
       const int k0 = ckt * BK;
-      for_share<BM * BK / W, THREADS>(tid, [&](int idx) {
-        const int m = idx / (BK / W), k = (idx - m * (BK / W)) * W;
+      copy_a.each([&](int, int m, int k) {
         const i64 e = e0 + m;
         if (e < E) {
           T x[W];
