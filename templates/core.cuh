@@ -522,8 +522,8 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
 // piece column c0 and walks rows r0, r0 + DR, ... (DR = THREADS / V; the
 // last THREADS % V threads copy nothing), so its offsets are fixed and a
 // chunk costs one base address, not a division and a 64-bit address per
-// piece: in the bwd_gemm ring's SASS the loader went from ~130 to ~75
-// instructions per chunk. each() deals the same pieces, so a stage's fix
+// piece: in the bwd_gemm ring's SASS the loader went from ~130 to ~77
+// instructions per chunk (BENCH.md, runs 32-35). each() deals the same pieces, so a stage's fix
 // touches exactly what this thread copied (one barrier covers both).
 template <typename T, int R, int V, int THREADS, int SP>
 struct ChunkCopy {
@@ -543,8 +543,8 @@ struct ChunkCopy {
   }
   // Where a chunk runs past the surface (`whole` false: the last row tile,
   // a ragged column tile), ok(r, c) says which pieces are in range; one that
-  // is not copies nothing (source size 0: zero fill) from src, the chunk's
-  // first element, so no address outside the surface is ever formed.
+  // is not copies nothing (source size 0: zero fill) and is given src, the
+  // chunk's first element, so every copy's address lies inside the surface.
   template <typename Ok>
   __device__ __forceinline__ void copy(unsigned dst, const T* src, int gp, bool whole, Ok ok) const {
     const char* s = reinterpret_cast<const char*>(src + r0 * gp + c0);
