@@ -402,13 +402,13 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-// 16 bytes global -> shared; src_bytes 0 writes zeros (rows past E).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-// The same with dst given as a shared-window address.
+// 16 bytes global -> shared (dst a shared-window address); src_bytes 0
+// writes zeros (rows past E).
 __device__ __forceinline__ void cp_async16s(unsigned dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  cp_async16s(smem_addr(dst), src, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -523,12 +523,14 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
 // last THREADS % V threads copy nothing), so its offsets are fixed and a
 // chunk costs one base address, not a division and a 64-bit address per
 // piece: in the bwd_gemm ring's SASS the loader went from ~130 to ~77
-// instructions per chunk (BENCH.md, runs 32-35). each() deals the same pieces, so a stage's fix
-// touches exactly what this thread copied (one barrier covers both).
+// instructions per chunk (BENCH.md, runs 32-35). each() deals the same
+// pieces, so a stage's fix touches exactly what this thread copied (one
+// barrier covers both).
 template <typename T, int R, int V, int THREADS, int SP>
 struct ChunkCopy {
   static_assert(THREADS >= V, "one thread per piece column at least");
   static constexpr int W = Vec<T>::W, DR = THREADS / V, IT = (R + DR - 1) / DR;
+  static constexpr int DST_STEP = DR * SP * (int)sizeof(T);  // bytes between a thread's pieces
   int r0, c0;
   __device__ __forceinline__ explicit ChunkCopy(int tid) : r0(tid / V), c0((tid % V) * W) {}
   // f(it, r, c) for each of this thread's pieces.
@@ -551,12 +553,11 @@ struct ChunkCopy {
     const unsigned d = dst + (r0 * SP + c0) * (int)sizeof(T);
     const int step = DR * gp * (int)sizeof(T);
     if (whole) {
-      each([&](int it, int, int) { cp_async16s(d + it * DR * SP * (int)sizeof(T), s + it * step, 16); });
+      each([&](int it, int, int) { cp_async16s(d + it * DST_STEP, s + it * step, 16); });
     } else {
       each([&](int it, int r, int c) {
         const bool y = ok(r, c);
-        cp_async16s(d + it * DR * SP * (int)sizeof(T), y ? s + it * step : reinterpret_cast<const char*>(src),
-                    y ? 16 : 0);
+        cp_async16s(d + it * DST_STEP, y ? s + it * step : reinterpret_cast<const char*>(src), y ? 16 : 0);
       });
     }
   }
