@@ -179,25 +179,47 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
 
 // ---------------------------------------------------------------- backward
 
-// grad_alpha[e, f] = sum_cols(grad_out * out) / max(alpha, eps): one warp per row.
+// grad_alpha[e, f] = sum_cols(grad_out * out) / max(alpha, eps): one warp per
+// (e, f) row. grad_out, out and alpha are edge-major, so the rows of the
+// whole grid are taken in memory order (block (x, f) holds flat rows
+// (f * gridDim.x + x) * ROWS ..), each block reading one contiguous stretch.
+// A lane sums 16-byte vectors c = lane, lane + 32, .. (its first U loads
+// issued before any is used), then the warp reduces by xor shuffle: a fixed
+// order, whatever the tile.
 template <typename T, int CF, int ROWS, int THREADS, typename S>
 __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
                                                const T* __restrict__ out,
                                                const T* __restrict__ alpha,
                                                T* __restrict__ grad_alpha, i64 E, int L) {
+  constexpr int W = Vec<T>::W, U = 4;
   const Dims d = dims<CF>(L);
-  const int f = blockIdx.z, F = gridDim.z;
+  const i64 rows = E * gridDim.z;
+  const int NV = d.ROW / W;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int m = warp; m < ROWS; m += THREADS / 32) {
-    const i64 e = (i64)blockIdx.x * ROWS + m;
-    if (e >= E) break;
-    const i64 row = (e * F + f) * d.ROW;
+    const i64 r = ((i64)blockIdx.z * gridDim.x + blockIdx.x) * ROWS + m;
+    if (r >= rows) break;
+    const T* go = grad_out + r * d.ROW;
+    const T* o = out + r * d.ROW;
     T acc = T(0);
-    for (int c = lane; c < d.ROW; c += 32)
-      acc = op_dot_step<T>(grad_out[row + c], out[row + c], acc);
+    for (int c0 = lane; c0 < NV; c0 += 32 * U) {
+      T x[U][W], y[U][W];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + 32 * u < NV) {
+          Vec<T>::ldg(go + (c0 + 32 * u) * W, x[u]);
+          Vec<T>::ldg(o + (c0 + 32 * u) * W, y[u]);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + 32 * u < NV) {
+#pragma unroll
+          for (int w = 0; w < W; ++w) acc = op_dot_step<T>(x[u][w], y[u][w], acc);
+        }
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc = op_residual<T>(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-    if (lane == 0) grad_alpha[e * F + f] = op_grad_alpha_finish<T>(acc, alpha[e * F + f]);
+    if (lane == 0) grad_alpha[r] = op_grad_alpha_finish<T>(acc, alpha[r]);
   }
 }
 
