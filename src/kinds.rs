@@ -167,8 +167,8 @@ pub enum Geometry {
     /// loaded while this one computes); `min_blocks`: the second argument of
     /// `__launch_bounds__` (>1 caps registers for occupancy).
     Gemm { block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32, stages: u32, min_blocks: u32, pipe: Pipe },
-    /// ROWS edges per block, THREADS threads.
-    Rows { rows: u32, threads: u32 },
+    /// ROWS edges per block, THREADS threads; `min_blocks` as for Gemm.
+    Rows { rows: u32, threads: u32, min_blocks: u32 },
 }
 
 impl Geometry {
@@ -191,7 +191,7 @@ impl Geometry {
             Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe } => {
                 format!("m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}_{}", pipe.tag())
             }
-            Geometry::Rows { rows, threads } => format!("r{rows}_t{threads}"),
+            Geometry::Rows { rows, threads, min_blocks } => format!("r{rows}_t{threads}_b{min_blocks}"),
         }
     }
 }

@@ -177,7 +177,9 @@ pub fn kernel_table(built: &[Built], dispatch: &[(DispatchRow, usize)], lmax: (u
             Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe } => {
                 format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks}, pipe: Pipe::{pipe:?} }}")
             }
-            Geometry::Rows { rows, threads } => format!("Geometry::Rows {{ rows: {rows}, threads: {threads} }}"),
+            Geometry::Rows { rows, threads, min_blocks } => {
+                format!("Geometry::Rows {{ rows: {rows}, threads: {threads}, min_blocks: {min_blocks} }}")
+            }
         };
         // The cubin is what loads; PTX is embedded only where there is none
         // (snapshot builds), which keeps binaries small. `ptx_file` names it.

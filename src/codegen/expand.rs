@@ -114,7 +114,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
         Kind::Rows => {
             for t in specs.tiles.rows.get(set).into_iter().flatten() {
                 if t.dtypes.contains(&dtype) && t.cf.contains(&cf) {
-                    v.push(Geometry::Rows { rows: t.rows, threads: t.threads });
+                    v.push(Geometry::Rows { rows: t.rows, threads: t.threads, min_blocks: t.min_blocks });
                 }
             }
         }

@@ -152,7 +152,7 @@ impl Renderer {
             (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, pipe, .. }) => {
                 targs.extend([block_m, bn, block_k, tm, tn, stages, pipe.code()].map(|v| v.to_string()));
             }
-            (_, Geometry::Rows { rows, threads }) => targs.extend([rows, threads].map(|v| v.to_string())),
+            (_, Geometry::Rows { rows, threads, .. }) => targs.extend([rows, threads].map(|v| v.to_string())),
             (Kind::Rows, Geometry::Gemm { .. }) => unreachable!("expand pairs kinds with geometries"),
         }
         targs.push("Smem".into());
@@ -184,7 +184,7 @@ impl Renderer {
         ctx.insert("threads", &inst.threads());
         let min_blocks = match inst.geometry {
             Geometry::Gemm { min_blocks, .. } => min_blocks,
-            Geometry::Rows { .. } => 1,
+            Geometry::Rows { min_blocks, .. } => min_blocks,
         };
         ctx.insert("min_blocks", &min_blocks);
         ctx.insert("smem_fixed", &l.fixed);

@@ -145,6 +145,8 @@ pub struct RowsTileSpec {
     pub cf: Vec<u32>,
     pub rows: u32,
     pub threads: u32,
+    /// `__launch_bounds__` minimum blocks per SM (1: no register cap).
+    pub min_blocks: u32,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -348,6 +350,9 @@ impl Specs {
                         format!("rows.{set}[{i}]"),
                         "rows > 0 and threads a multiple of 32, at most 1024",
                     ));
+                }
+                if t.min_blocks == 0 {
+                    return Err(self.invalid("tiles.yaml", format!("rows.{set}[{i}].min_blocks"), "must be positive"));
                 }
             }
         }

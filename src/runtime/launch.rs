@@ -57,7 +57,7 @@ pub fn launch_config(
             };
             (t, blocks, 1)
         }
-        Geometry::Rows { rows, threads } => {
+        Geometry::Rows { rows, threads, .. } => {
             if rows == 0 {
                 return Err(bad("ROWS = 0".into()));
             }
