@@ -81,9 +81,9 @@ struct Regs {
   T v[N];
 };
 template <int THREADS, int U, typename Load, typename Use>
-__device__ __forceinline__ void batched(int n, Load load, Use use, int tid = threadIdx.x) {
+__device__ __forceinline__ void batched(int n, Load load, Use use) {
   typedef decltype(load(0)) V;
-  for (int i0 = tid; i0 < n; i0 += THREADS * U) {
+  for (int i0 = threadIdx.x; i0 < n; i0 += THREADS * U) {
     V v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -109,12 +109,12 @@ __host__ __device__ constexpr int rows_tile_m() {
 }
 template <typename T, int ROWS, int THREADS, int NMIN, typename Epi>
 __device__ __forceinline__ void rows_gemm(const T* A, int lda, const T* __restrict__ B,
-                                          int K, int N, Epi epi, int tid = threadIdx.x) {
+                                          int K, int N, Epi epi) {
   constexpr int RM = rows_tile_m<T, ROWS, THREADS, NMIN>();
   static_assert(ROWS % RM == 0, "rows_gemm works on RM-row groups");
   constexpr int W = Vec<T>::W;
   const int ncol = N / 4;
-  for (int it = tid; it < (ROWS / RM) * ncol; it += THREADS) {
+  for (int it = threadIdx.x; it < (ROWS / RM) * ncol; it += THREADS) {
     const int m0 = (it / ncol) * RM, n0 = (it - (it / ncol) * ncol) * 4;
     T acc[RM][4];
 #pragma unroll
@@ -143,7 +143,7 @@ __device__ __forceinline__ void rows_gemm(const T* A, int lda, const T* __restri
 // s_sh[m][j] = z[e][j] (the scalar slice), zero past E.
 template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void load_scalar_rows(T* s_sh, const T* __restrict__ zf,
-                                                 i64 e0, i64 E, int ROW, int tid = threadIdx.x) {
+                                                 i64 e0, i64 E, int ROW) {
   constexpr int W = Vec<T>::W;
   batched<THREADS, 4>(
       ROWS * CF / W,
@@ -156,8 +156,7 @@ __device__ __forceinline__ void load_scalar_rows(T* s_sh, const T* __restrict__ 
       [&](int idx, const Regs<T, W>& x) {
 #pragma unroll
         for (int w = 0; w < W; ++w) s_sh[idx * W + w] = x.v[w];
-      },
-      tid);
+      });
 }
 
 // sig_sh[m][c] = sigmoid(s . GW[:, c]): the gate recompute of every kernel.
@@ -166,33 +165,9 @@ __device__ __forceinline__ void load_scalar_rows(T* s_sh, const T* __restrict__ 
 // 0.70 ms per recompute launch, BENCH.md).
 template <typename T, int CF, int ROWS, int THREADS>
 __device__ __forceinline__ void compute_sig_rows(T* sig_sh, const T* s_sh,
-                                                 const T* __restrict__ gwf, int LG,
-                                                 int tid = threadIdx.x) {
-  rows_gemm<T, ROWS, THREADS, 4 * CF>(
-      s_sh, CF, gwf, CF, LG, [&](int m, int c, T acc) { sig_sh[m * LG + c] = op_sigmoid<T>(acc); }, tid);
-}
-
-// Named barriers for warp-specialised blocks (barrier 0 is __syncthreads):
-// `arrive` signals without waiting, `sync` waits until `count` threads have
-// arrived or synced at barrier ID. Shared-memory writes made before arrive
-// are visible to the threads that sync. IDs are immediates, so ptxas knows
-// how many barriers a block holds.
-template <int ID>
-__device__ __forceinline__ void bar_arrive(int count) {
-  asm volatile("bar.arrive %0, %1;" ::"n"(ID), "r"(count) : "memory");
-}
-template <int ID>
-__device__ __forceinline__ void bar_sync(int count) {
-  asm volatile("bar.sync %0, %1;" ::"n"(ID), "r"(count) : "memory");
-}
-
-// f(std::integral_constant<int, J>) for J = 0 .. N-1, in order.
-template <int J, int N, typename F>
-__device__ __forceinline__ void static_for(F f) {
-  if constexpr (J < N) {
-    f(std::integral_constant<int, J>{});
-    static_for<J + 1, N>(f);
-  }
+                                                 const T* __restrict__ gwf, int LG) {
+  rows_gemm<T, ROWS, THREADS, 4 * CF>(s_sh, CF, gwf, CF, LG,
+                                  [&](int m, int c, T acc) { sig_sh[m * LG + c] = op_sigmoid<T>(acc); });
 }
 
 // glog_sh[m][c]: gradient of gate logit c from the group's three subtiles

@@ -15,9 +15,9 @@ __device__ __forceinline__ T* per_lg_rows(int slot, int LG) {
 // Rows e0.. of a (E x N) surface to and from shared memory, 16 bytes at a
 // time (N a multiple of the vector width); rows past E read as zero.
 template <typename T, int ROWS, int THREADS>
-__device__ __forceinline__ void store_rows(T* dst, const T* sh, i64 e0, i64 E, int N, int tid = threadIdx.x) {
+__device__ __forceinline__ void store_rows(T* dst, const T* sh, i64 e0, i64 E, int N) {
   constexpr int W = Vec<T>::W;
-  for (int idx = tid; idx < ROWS * N / W; idx += THREADS) {
+  for (int idx = threadIdx.x; idx < ROWS * N / W; idx += THREADS) {
     if (e0 + idx / (N / W) < E) Vec<T>::store(dst + e0 * N + (i64)idx * W, sh + idx * W);
   }
 }
@@ -78,16 +78,22 @@ __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restr
       [&](i64 e, int n, const T* v) { Vec<T>::store(zf + e * d.ROW + n, v); });
 }
 
-// fwd_gate's streaming part for ROWS rows from e0, whose s and sig are in
-// shared memory: sig to memory, then u_next[:, :M0] = u + [silu(s) | z0[:,
-// Cf:] * sig], by THREADS threads (tid counted from the first of them).
-template <typename T, int CF, int ROWS, int THREADS>
-__device__ __forceinline__ void gate_rows(const T* __restrict__ u, const T* __restrict__ z,
-                                          const T* s_sh, const T* sig_sh, T* __restrict__ sigf,
-                                          T* __restrict__ u_next, i64 base, i64 e0, i64 E, int L,
-                                          int tid) {
+// sig = sigmoid(s @ GW); u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig].
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __restrict__ z,
+                                         const T* __restrict__ gw, T* __restrict__ sig,
+                                         T* __restrict__ u_next, i64 E, int L) {
   const Dims d = dims<CF>(L);
-  store_rows<T, ROWS, THREADS>(sigf, sig_sh, e0, E, d.LG, tid);
+  const int f = blockIdx.z;
+  const i64 e0 = (i64)blockIdx.x * ROWS;
+  const i64 base = (i64)f * E * d.ROW;
+  T* s_sh = smem_at<T>(S::s_rows);
+  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
+  load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + base, e0, E, d.ROW);
+  __syncthreads();
+  compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
+  __syncthreads();
+  store_rows<T, ROWS, THREADS>(sig + (i64)f * E * d.LG, sig_sh, e0, E, d.LG);
   constexpr int W = Vec<T>::W;
   // x.v: u, then z (gated columns), W columns of one subtile.
   batched<THREADS, 4>(
@@ -116,57 +122,7 @@ __device__ __forceinline__ void gate_rows(const T* __restrict__ u, const T* __re
           for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_gate<T>(x.v[W + w], sg[w]));
         }
         Vec<T>::store(u_next + base + (e0 + m) * d.ROW + col, y);
-      },
-      tid);
-}
-
-// sig = sigmoid(s @ GW); u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig].
-// The gate dot is arithmetic and the rest is streaming; one after the other
-// in every block, their times add up (run 35: ~0.41 + ~0.46 ms per launch
-// at the seed). From two 32-row sub-tiles on, the block is split: the first
-// half of its threads loads s and computes sig one sub-tile after another,
-// the second half streams each sub-tile as soon as its sig is in shared
-// memory (named barrier 2 + j), so the two run side by side. Every value is
-// computed by the same functions as before: results do not change.
-template <typename T, int CF, int ROWS, int THREADS, typename S>
-__device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __restrict__ z,
-                                         const T* __restrict__ gw, T* __restrict__ sig,
-                                         T* __restrict__ u_next, i64 E, int L) {
-  const Dims d = dims<CF>(L);
-  const int f = blockIdx.z;
-  const i64 e0 = (i64)blockIdx.x * ROWS;
-  const i64 base = (i64)f * E * d.ROW;
-  const T* gwf = gw + (i64)f * CF * d.LG;
-  T* sigf = sig + (i64)f * E * d.LG;
-  T* s_sh = smem_at<T>(S::s_rows);
-  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
-  constexpr int SUB = 32, NSUB = ROWS / SUB, HALF = THREADS / 2;
-  if constexpr (ROWS % SUB == 0 && NSUB >= 2 && NSUB <= 8 && HALF % 32 == 0) {
-    const int tid = threadIdx.x;
-    if (tid < HALF) {
-      static_for<0, NSUB>([&](auto jc) {
-        constexpr int J = decltype(jc)::value;
-        T* sj = s_sh + J * SUB * CF;
-        load_scalar_rows<T, CF, SUB, HALF>(sj, z + base, e0 + J * SUB, E, d.ROW, tid);
-        bar_sync<1>(HALF);  // this sub-tile's s is in (the half's own barrier)
-        compute_sig_rows<T, CF, SUB, HALF>(sig_sh + J * SUB * d.LG, sj, gwf, d.LG, tid);
-        bar_arrive<2 + J>(THREADS);
       });
-    } else {
-      static_for<0, NSUB>([&](auto jc) {
-        constexpr int J = decltype(jc)::value;
-        bar_sync<2 + J>(THREADS);  // sub-tile J's s and sig are in
-        gate_rows<T, CF, SUB, HALF>(u, z, s_sh + J * SUB * CF, sig_sh + J * SUB * d.LG, sigf, u_next, base,
-                                    e0 + J * SUB, E, L, tid - HALF);
-      });
-    }
-  } else {
-    load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + base, e0, E, d.ROW);
-    __syncthreads();
-    compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gwf, d.LG);
-    __syncthreads();
-    gate_rows<T, CF, ROWS, THREADS>(u, z, s_sh, sig_sh, sigf, u_next, base, e0, E, L, threadIdx.x);
-  }
 }
 
 // z1 = u[:, M0:] @ W1; u_next[:, M0:] = u + z1 * [sig, sig].

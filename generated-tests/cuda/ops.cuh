@@ -12,7 +12,6 @@ template <> struct Prim<float> {
   static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
   static __device__ __forceinline__ float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
   static __device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
-  static __device__ __forceinline__ float rcp(float a) { return __frcp_rn(a); }
   static __device__ __forceinline__ float neg(float a) { return (-a); }
   static __device__ __forceinline__ float exp(float a) { return ::expf(a); }
   static __device__ __forceinline__ float max(float a, float b) { return ::fmaxf(a, b); }
@@ -24,7 +23,6 @@ template <> struct Prim<double> {
   static __device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
   static __device__ __forceinline__ double fma(double a, double b, double c) { return __fma_rn(a, b, c); }
   static __device__ __forceinline__ double div(double a, double b) { return __ddiv_rn(a, b); }
-  static __device__ __forceinline__ double rcp(double a) { return __drcp_rn(a); }
   static __device__ __forceinline__ double neg(double a) { return (-a); }
   static __device__ __forceinline__ double exp(double a) { return ::exp(a); }
   static __device__ __forceinline__ double max(double a, double b) { return ::fmax(a, b); }
@@ -43,7 +41,7 @@ __device__ __forceinline__ T op_sigmoid(T x) {
   const T nx = Prim<T>::neg(x);
   const T ex = Prim<T>::exp(nx);
   const T den = Prim<T>::add(T(1e0), ex);
-  const T r = Prim<T>::rcp(den);
+  const T r = Prim<T>::div(T(1e0), den);
   return r;
 }
 

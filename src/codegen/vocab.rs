@@ -18,9 +18,6 @@ pub const PRIMITIVES: &[Primitive] = &[
     Primitive { name: "mul", arity: 2, f32: "__fmul_rn({0}, {1})", f64: "__dmul_rn({0}, {1})" },
     Primitive { name: "fma", arity: 3, f32: "__fmaf_rn({0}, {1}, {2})", f64: "__fma_rn({0}, {1}, {2})" },
     Primitive { name: "div", arity: 2, f32: "__fdiv_rn({0}, {1})", f64: "__ddiv_rn({0}, {1})" },
-    // Correctly rounded 1/x: the same bits as div(1, x) in fewer instructions
-    // (no general-dividend path).
-    Primitive { name: "rcp", arity: 1, f32: "__frcp_rn({0})", f64: "__drcp_rn({0})" },
     Primitive { name: "neg", arity: 1, f32: "(-{0})", f64: "(-{0})" },
     Primitive { name: "exp", arity: 1, f32: "::expf({0})", f64: "::exp({0})" },
     Primitive { name: "max", arity: 2, f32: "::fmaxf({0}, {1})", f64: "::fmax({0}, {1})" },
