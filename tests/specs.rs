@@ -76,6 +76,10 @@ fn bad_values_are_named() {
     let e = load_err(&dir);
     assert!(e.contains("stages") && e.contains("1 or 2"), "{e}");
 
+    let dir = specs_with("tiles.yaml", |t| t.replacen("rows: 8, threads: 256, min_blocks: 1}", "rows: 8, threads: 256, min_blocks: 0}", 1));
+    let e = load_err(&dir);
+    assert!(e.contains("tiles.yaml") && e.contains("relay_rows[1].min_blocks") && e.contains("positive"), "{e}");
+
     let dir = specs_with("tiles.yaml", |t| t.replacen("tm: 4, tn: 12,", "tm: 4, tn: 6,", 1));
     let e = load_err(&dir);
     assert!(e.contains("tiles.yaml") && e.contains("multiples of 4"), "{e}");
