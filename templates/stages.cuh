@@ -200,7 +200,7 @@ __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
     const i64 r = ((i64)blockIdx.z * gridDim.x + blockIdx.x) * ROWS + m;
     if (r >= rows) break;
     const T* go = grad_out + r * d.ROW;
-    const T* o = out + r * d.ROW;
+    const T* ov = out + r * d.ROW;
     T acc = T(0);
     for (int c0 = lane; c0 < NV; c0 += 32 * U) {
       T x[U][W], y[U][W];
@@ -208,7 +208,7 @@ __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
       for (int u = 0; u < U; ++u)
         if (c0 + 32 * u < NV) {
           Vec<T>::ldg(go + (c0 + 32 * u) * W, x[u]);
-          Vec<T>::ldg(o + (c0 + 32 * u) * W, y[u]);
+          Vec<T>::ldg(ov + (c0 + 32 * u) * W, y[u]);
         }
 #pragma unroll
       for (int u = 0; u < U; ++u)
