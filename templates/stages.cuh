@@ -52,6 +52,17 @@ struct SurfaceA {
   __device__ __forceinline__ T fix(int, i64, int, T raw) const { return raw; }
 };
 
+// alpha[i] where applied, else exactly 1 (x * 1 == x bit for bit, no FTZ).
+// Branch-free, so a GEMM epilogue issues every row's loads before the first
+// use: with a branch per row the compiler kept one row's loads in flight at
+// a time (fwd_final and bwd_final SASS). alpha is always an (E, F) buffer
+// (the runtime checks its length), so the load is in bounds either way.
+template <typename T>
+__device__ __forceinline__ T alpha_or_one(const T* __restrict__ alpha, i64 i, int apply_alpha) {
+  const T a = __ldg(alpha + i);
+  return apply_alpha ? a : T(1);
+}
+
 // Epilogue helpers: W consecutive columns at once (16-byte accesses).
 template <typename T>
 __device__ __forceinline__ void store_residual(T* out, const T* r, const T* v) {
@@ -166,13 +177,9 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
         constexpr int W = Vec<T>::W;
         T x[W];
         Vec<T>::ldg(uf + e * d.ROW + n, x);
+        const T al = alpha_or_one(alpha, e * F + f, apply_alpha);
 #pragma unroll
-        for (int i = 0; i < W; ++i) x[i] = op_residual<T>(x[i], v[i]);
-        if (apply_alpha) {
-          const T al = alpha[e * F + f];
-#pragma unroll
-          for (int i = 0; i < W; ++i) x[i] = op_alpha_scale<T>(x[i], al);
-        }
+        for (int i = 0; i < W; ++i) x[i] = op_alpha_scale<T>(op_residual<T>(x[i], v[i]), al);
         Vec<T>::store(out + (e * F + f) * d.ROW + off + n, x);
       });
 }
@@ -243,14 +250,9 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
         constexpr int W = Vec<T>::W;
         T x[W];
         Vec<T>::ldg(a.row(e) + n, x);
-        if (apply_alpha) {
-          const T al = __ldg(alpha + e * F + f);
+        const T al = alpha_or_one(alpha, e * F + f, apply_alpha);
 #pragma unroll
-          for (int i = 0; i < W; ++i) x[i] = op_residual<T>(op_alpha_scale<T>(x[i], al), op_alpha_scale<T>(v[i], al));
-        } else {
-#pragma unroll
-          for (int i = 0; i < W; ++i) x[i] = op_residual<T>(x[i], v[i]);
-        }
+        for (int i = 0; i < W; ++i) x[i] = op_residual<T>(op_alpha_scale<T>(x[i], al), op_alpha_scale<T>(v[i], al));
         Vec<T>::store(gf + e * d.ROW + n, x);
       });
 }
