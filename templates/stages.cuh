@@ -55,8 +55,9 @@ struct SurfaceA {
 // alpha[i] where applied, else exactly 1 (x * 1 == x bit for bit, no FTZ).
 // Branch-free, so a GEMM epilogue issues every row's loads before the first
 // use: with a branch per row the compiler kept one row's loads in flight at
-// a time (fwd_final and bwd_final SASS). alpha is always an (E, F) buffer
-// (the runtime checks its length), so the load is in bounds either way.
+// a time (fwd_final and bwd_final SASS). alpha is an (E, F) buffer whether
+// applied or not (the API's contract; the safe and C entry points check its
+// length, the raw ones document it), so the load is in bounds either way.
 template <typename T>
 __device__ __forceinline__ T alpha_or_one(const T* __restrict__ alpha, i64 i, int apply_alpha) {
   const T a = __ldg(alpha + i);
