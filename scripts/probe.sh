@@ -11,6 +11,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
 export MIXSTACK_VECTORS="$PWD/vectors"
+# cuBLAS (the gate GEMMs at Cf >= 96) is loaded at run time: put a CUDA
+# install's libcublas on the path where the loader would not find it.
+lib=$(find /usr/local -name 'libcublas.so*' 2>/dev/null | head -1)
+[ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
 timeout ${TESTS_S:-90} .device/gpu_stack --test-threads=1 --nocapture > "$OUT/gpu_stack.log" 2>&1; echo "gpu_stack rc=$? $(grep 'test result' "$OUT/gpu_stack.log")"
 grep -E "panicked|FAILED|failed" "$OUT/gpu_stack.log" | head -5

@@ -135,12 +135,13 @@ pub fn status_of(e: &MixError) -> mixstack_status {
         | MixError::BufferNotMultiple { .. }
         | MixError::NoKernel { .. }
         | MixError::GridTooLarge { .. }
-        | MixError::SizeOverflow { .. } => MIXSTACK_ERR_BAD_SHAPE,
+        | MixError::SizeOverflow { .. }
+        | MixError::BlasSize { .. } => MIXSTACK_ERR_BAD_SHAPE,
         MixError::UnsupportedDtype { .. } => MIXSTACK_ERR_BAD_DTYPE,
         MixError::BadOverride { .. } | MixError::InvalidSwitch { .. } | MixError::ContextMismatch { .. } => {
             MIXSTACK_ERR_BAD_ARGUMENT
         }
-        MixError::NoDriver { .. } | MixError::Driver { .. } => MIXSTACK_ERR_CUDA,
+        MixError::NoDriver { .. } | MixError::Driver { .. } | MixError::Blas { .. } => MIXSTACK_ERR_CUDA,
         MixError::SharedMemory { .. } => MIXSTACK_ERR_UNSUPPORTED,
         MixError::TableInconsistent { .. } => MIXSTACK_ERR_INTERNAL,
     }

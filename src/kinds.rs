@@ -11,27 +11,31 @@ use std::fmt;
 pub enum Stage {
     FwdM0,
     FwdGate,
+    FwdGateAct,
     FwdM1,
     FwdFinal,
     BwdGradAlpha,
     BwdFinal,
     BwdRecompute,
     BwdPointwise,
+    BwdGlogit,
     BwdGemm,
     BwdFusedM0,
     BwdFusedM1,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 11] = [
+    pub const ALL: [Stage; 13] = [
         Stage::FwdM0,
         Stage::FwdGate,
+        Stage::FwdGateAct,
         Stage::FwdM1,
         Stage::FwdFinal,
         Stage::BwdGradAlpha,
         Stage::BwdFinal,
         Stage::BwdRecompute,
         Stage::BwdPointwise,
+        Stage::BwdGlogit,
         Stage::BwdGemm,
         Stage::BwdFusedM0,
         Stage::BwdFusedM1,
@@ -41,12 +45,14 @@ impl Stage {
         match self {
             Stage::FwdM0 => "fwd_m0",
             Stage::FwdGate => "fwd_gate",
+            Stage::FwdGateAct => "fwd_gate_act",
             Stage::FwdM1 => "fwd_m1",
             Stage::FwdFinal => "fwd_final",
             Stage::BwdGradAlpha => "bwd_grad_alpha",
             Stage::BwdFinal => "bwd_final",
             Stage::BwdRecompute => "bwd_recompute",
             Stage::BwdPointwise => "bwd_pointwise",
+            Stage::BwdGlogit => "bwd_glogit",
             Stage::BwdGemm => "bwd_gemm",
             Stage::BwdFusedM0 => "bwd_fused_m0",
             Stage::BwdFusedM1 => "bwd_fused_m1",
@@ -54,6 +60,12 @@ impl Stage {
     }
     pub fn parse(s: &str) -> Option<Stage> {
         Stage::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+    /// Stages a stack may run without: the halves of the gate layers around
+    /// cuBLAS GEMMs (Cf >= 96, src/runtime/gate_blas.rs); without cuBLAS the
+    /// relay runs fwd_gate, bwd_recompute and bwd_pointwise.
+    pub fn optional(self) -> bool {
+        matches!(self, Stage::FwdGateAct | Stage::BwdGlogit)
     }
 }
 

@@ -90,22 +90,14 @@ __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restr
       [&](i64 e, int n, const T* v) { Vec<T>::store(zf + e * d.ROW + n, v); });
 }
 
-// sig = sigmoid(s @ GW); u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig].
-template <typename T, int CF, int ROWS, int THREADS, typename S>
-__device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __restrict__ z,
-                                         const T* __restrict__ gw, T* __restrict__ sig,
-                                         T* __restrict__ u_next, i64 E, int L) {
+// u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig] for the rows e0.. of the
+// focus whose first row is at `base`: s from s_sh (rows of Cf), the gate row
+// of row m at sig_row(m).
+template <typename T, int CF, int ROWS, int THREADS, typename SigRow>
+__device__ __forceinline__ void gate_residual_rows(const T* __restrict__ u, const T* __restrict__ z,
+                                                   const T* s_sh, SigRow sig_row, T* __restrict__ u_next,
+                                                   i64 base, i64 e0, i64 E, int L) {
   const Dims d = dims<CF>(L);
-  const int f = blockIdx.z;
-  const i64 e0 = (i64)blockIdx.x * ROWS;
-  const i64 base = (i64)f * E * d.ROW;
-  T* s_sh = smem_at<T>(S::s_rows);
-  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
-  load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + base, e0, E, d.ROW);
-  __syncthreads();
-  compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
-  __syncthreads();
-  store_rows<T, ROWS, THREADS>(sig + (i64)f * E * d.LG, sig_sh, e0, E, d.LG);
   constexpr int W = Vec<T>::W;
   // x.v: u, then z (gated columns), W columns of one subtile.
   batched<THREADS, 4>(
@@ -129,12 +121,120 @@ __device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __res
           for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_silu<T>(s_sh[m * CF + col + w]));
         } else {
           const int r = col / CF, ch = col - r * CF;
-          const T* sg = sig_sh + m * d.LG + group_of(r, L) * CF + ch;
+          const T* sg = sig_row(m) + group_of(r, L) * CF + ch;
 #pragma unroll
           for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_gate<T>(x.v[W + w], sg[w]));
         }
         Vec<T>::store(u_next + base + (e0 + m) * d.ROW + col, y);
       });
+}
+
+// sig = sigmoid(s @ GW); u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig].
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __restrict__ z,
+                                         const T* __restrict__ gw, T* __restrict__ sig,
+                                         T* __restrict__ u_next, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const i64 e0 = (i64)blockIdx.x * ROWS;
+  const i64 base = (i64)f * E * d.ROW;
+  T* s_sh = smem_at<T>(S::s_rows);
+  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
+  load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + base, e0, E, d.ROW);
+  __syncthreads();
+  compute_sig_rows<T, CF, ROWS, THREADS>(sig_sh, s_sh, gw + (i64)f * CF * d.LG, d.LG);
+  __syncthreads();
+  store_rows<T, ROWS, THREADS>(sig + (i64)f * E * d.LG, sig_sh, e0, E, d.LG);
+  gate_residual_rows<T, CF, ROWS, THREADS>(u, z, s_sh, [&](int m) { return sig_sh + m * d.LG; }, u_next, base, e0,
+                                           E, L);
+}
+
+// ------------------------------------------- gate GEMMs by cuBLAS (Cf >= 96)
+// Where the runtime runs the gate contractions as cuBLAS GEMMs (src/runtime/
+// gate_blas.rs says where and why), these stages do the rest of fwd_gate
+// and bwd_pointwise. `logit` holds s @ GW (F, E, LG) as cuBLAS wrote it.
+
+// sig rows of block rows e0.. from logit rows (plain loads: fwd_gate_act
+// writes sig over logit).
+template <typename T, int ROWS, int THREADS>
+__device__ __forceinline__ void sig_from_logit_rows(T* sig_sh, const T* logit, i64 e0, i64 E, int LG) {
+  constexpr int W = Vec<T>::W;
+  for (int idx = threadIdx.x; idx < ROWS * LG / W; idx += THREADS) {
+    T x[W] = {};
+    if (e0 + idx / (LG / W) < E) Vec<T>::load(logit + e0 * LG + (i64)idx * W, x);
+#pragma unroll
+    for (int w = 0; w < W; ++w) sig_sh[idx * W + w] = op_sigmoid<T>(x[w]);
+  }
+}
+
+// fwd_gate after a cuBLAS projection: sig = sigmoid(logit), in place;
+// u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig].
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void fwd_gate_act(const T* __restrict__ u, const T* __restrict__ z, T* sig,
+                                             T* __restrict__ u_next, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  const int f = blockIdx.z;
+  const i64 e0 = (i64)blockIdx.x * ROWS;
+  const i64 base = (i64)f * E * d.ROW;
+  T* s_sh = smem_at<T>(S::s_rows);
+  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
+  T* sigf = sig + (i64)f * E * d.LG;
+  load_scalar_rows<T, CF, ROWS, THREADS>(s_sh, z + base, e0, E, d.ROW);
+  sig_from_logit_rows<T, ROWS, THREADS>(sig_sh, sigf, e0, E, d.LG);
+  __syncthreads();
+  store_rows<T, ROWS, THREADS>(sigf, sig_sh, e0, E, d.LG);
+  gate_residual_rows<T, CF, ROWS, THREADS>(u, z, s_sh, [&](int m) { return sig_sh + m * d.LG; }, u_next, base, e0,
+                                           E, L);
+}
+
+// bwd_pointwise after a cuBLAS projection, before a cuBLAS contraction: gz of
+// the gated subtiles, gz[:, :Cf] = g_s * silu'(s) (the contraction adds
+// g_logit @ GW^T to it), and g_logit to memory.
+template <typename T, int CF, int ROWS, int THREADS, typename S>
+__device__ __forceinline__ void bwd_glogit(const T* __restrict__ g, const T* __restrict__ z,
+                                           const T* __restrict__ logit, T* __restrict__ glog,
+                                           T* __restrict__ gz, i64 E, int L) {
+  const Dims d = dims<CF>(L);
+  constexpr int W = Vec<T>::W;
+  const int f = blockIdx.z;
+  const i64 e0 = (i64)blockIdx.x * ROWS;
+  const i64 base = (i64)f * E * d.ROW;
+  const T* gf = g + base;
+  const T* zf = z + base;
+  T* gzf = gz + base;
+  T* sig_sh = per_lg_rows<T, S, ROWS>(S::sig_slot, d.LG);
+  T* glog_sh = per_lg_rows<T, S, ROWS>(S::glog_slot, d.LG);
+  sig_from_logit_rows<T, ROWS, THREADS>(sig_sh, logit + (i64)f * E * d.LG, e0, E, d.LG);
+  __syncthreads();
+  compute_glogit_rows<T, CF, ROWS, THREADS>(glog_sh, sig_sh, gf, zf, e0, E, L, d.LG, d.ROW,
+                                            [&](int m, int col, const T* gv) {
+                                              T y[W];
+#pragma unroll
+                                              for (int w = 0; w < W; ++w)
+                                                y[w] = gz_of<T, CF>(gv[w], sig_sh + m * d.LG, nullptr, L, col + w);
+                                              Vec<T>::store(gzf + (e0 + m) * d.ROW + col, y);
+                                            });
+  batched<THREADS, 4>(
+      ROWS * CF / W,
+      [&](int idx) {
+        const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
+        Regs<T, 2 * W> x{};
+        if (e0 + m < E) {
+          Vec<T>::ldg(gf + (e0 + m) * d.ROW + j, x.v);
+          Vec<T>::ldg(zf + (e0 + m) * d.ROW + j, x.v + W);
+        }
+        return x;
+      },
+      [&](int idx, const Regs<T, 2 * W>& x) {
+        const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
+        if (e0 + m >= E) return;
+        T y[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) y[w] = op_dsilu_mul<T>(x.v[w], x.v[W + w]);
+        Vec<T>::store(gzf + (e0 + m) * d.ROW + j, y);
+      });
+  __syncthreads();
+  store_rows<T, ROWS, THREADS>(glog + (i64)f * E * d.LG, glog_sh, e0, E, d.LG);
 }
 
 // z1 = u[:, M0:] @ W1; u_next[:, M0:] = u + z1 * [sig, sig].

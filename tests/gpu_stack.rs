@@ -23,7 +23,7 @@ use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::switch::FUSED_ENV;
 use mixstack::runtime::table::{Dtype, Stage};
 use mixstack::runtime::{
-    open_device, BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, PathDecision, Stack, StackShape,
+    open_device, GateGemm, BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, PathDecision, Stack, StackShape,
 };
 use mixstack::vectors;
 
@@ -503,7 +503,8 @@ fn relay_tiles_bitwise_equal_every_tile() {
         let want = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
         let s = &g.stream;
         let (u0, alpha, go) = (upload::<f32>(s, &p.u0), upload::<f32>(s, &p.alpha), upload::<f32>(s, &p.grad_out));
-        let stages: Vec<Stage> = FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()).copied().collect();
+        // The optional stages (the cuBLAS gate path, Cf >= 96) have no kernels here.
+        let stages: Vec<Stage> = FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()).copied().filter(|s| !s.optional()).collect();
         let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf as u32, lmax as u32)).collect();
         let most = lists.iter().map(Vec::len).max().unwrap_or(0);
         st.set_profiling(true);
@@ -532,6 +533,71 @@ fn relay_tiles_bitwise_equal_every_tile() {
         st.set_profiling(false);
         println!("ok bitwise: {} relay tile sets at {}", most, p.describe());
     }
+}
+
+/// From Cf 96 the gate contractions run as cuBLAS GEMMs around fwd_gate_act
+/// and bwd_glogit (src/runtime/gate_blas.rs): forward and backward match
+/// the f64 reference on that path and on the generated one, fp32 and fp64,
+/// and each call's profile shows the path it took. Skipped, saying so, where
+/// libcublas cannot be loaded (the stack then reports the generated path).
+#[test]
+fn gate_gemms_on_cublas_from_cf96() {
+    let name = "gate_gemms_on_cublas_from_cf96";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    for (cf, lmax, e, f, n_layers) in [(96usize, 3usize, 333usize, 2usize, 3usize), (128, 6, 77, 1, 2), (128, 1, 1, 3, 4), (96, 5, 1000, 2, 3)] {
+        let shape = Shape { f, e, cf, lmax, n_layers };
+        gate_paths::<f32>(&g, &mut rng, shape);
+        gate_paths::<f64>(&g, &mut rng, shape);
+    }
+}
+
+fn gate_paths<T: TestElem>(g: &Gpu, rng: &mut StdRng, shape: Shape) {
+    let p = Problem::random(rng, shape, true);
+    let st = make_stack::<T>(g, &p);
+    let want = p.reference();
+    let what = p.describe();
+    if st.gate_gemm() != GateGemm::Cublas {
+        println!("SKIPPED cuBLAS gate path at {what}: {:?}", st.gate_gemm());
+        return;
+    }
+    let on_blas = [Stage::FwdGateAct, Stage::BwdGlogit];
+    let on_gen = [Stage::FwdGate, Stage::BwdRecompute, Stage::BwdPointwise];
+    for generated in [false, true] {
+        st.set_generated_gate(generated);
+        st.set_profiling(true);
+        let got = run(g, &st, &p, &BackwardOptions::relay()).unwrap();
+        let ran: Vec<Stage> = st.timings().unwrap().iter().map(|k| k.stage).collect();
+        st.set_profiling(false);
+        let path = if generated { "generated" } else { "cuBLAS" };
+        check_close(&format!("{what}, gate on {path}"), &got, &want);
+        let (yes, no): (&[Stage], &[Stage]) = if generated { (&on_gen, &on_blas) } else { (&on_blas, &on_gen) };
+        assert!(yes.iter().all(|s| ran.contains(s)), "{what} ({path}): ran {ran:?}");
+        assert!(!no.iter().any(|s| ran.contains(s)), "{what} ({path}): ran {ran:?}");
+    }
+    st.set_generated_gate(false);
+    // Naming a generated gate kernel asks for the generated path; naming a
+    // cuBLAS-path stage where that path is off is an error.
+    let d = st.dispatch();
+    let (cf, lmax) = (shape.cf as u32, shape.lmax as u32);
+    let rec = d.default_for(Stage::BwdRecompute, T::DTYPE, cf, lmax).unwrap();
+    let (u0, alpha, go) = (upload::<T>(&g.stream, &p.u0), upload::<T>(&g.stream, &p.alpha), upload::<T>(&g.stream, &p.grad_out));
+    let (out, z_all) = st.forward(&g.stream, &u0, &alpha, true).unwrap();
+    st.set_profiling(true);
+    let opts = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdRecompute, rec.name));
+    st.backward(&g.stream, &go, &out, &z_all, &alpha, true, &opts).unwrap();
+    let ran: Vec<Stage> = st.timings().unwrap().iter().map(|k| k.stage).collect();
+    st.set_profiling(false);
+    assert!(ran.contains(&Stage::BwdRecompute) && !ran.contains(&Stage::BwdGlogit), "{what}: {ran:?}");
+    st.set_generated_gate(true);
+    let glogit = d.default_for(Stage::BwdGlogit, T::DTYPE, cf, lmax).unwrap();
+    let opts = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdGlogit, glogit.name));
+    match st.backward(&g.stream, &go, &out, &z_all, &alpha, true, &opts) {
+        Err(MixError::BadOverride { stage: Stage::BwdGlogit, .. }) => {}
+        other => panic!("{what}: naming bwd_glogit on the generated path: {:?}", other.map(|r| r.2)),
+    }
+    st.set_generated_gate(false);
+    println!("ok gate GEMMs on cuBLAS and generated at {what} ({})", T::DTYPE);
 }
 
 #[test]

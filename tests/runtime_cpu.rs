@@ -70,11 +70,12 @@ fn is_gemm_stage(s: Stage) -> bool {
     )
 }
 
-/// Every non-fused stage for (dtype, cf), one accepted default entry each.
+/// Every non-fused stage but the optional ones (the cuBLAS gate path) for
+/// (dtype, cf), one accepted default entry each.
 fn relay_entries(dtype: Dtype, cf: u32) -> Vec<KernelEntry> {
     Stage::ALL
         .into_iter()
-        .filter(|s| !matches!(s, Stage::BwdFusedM0 | Stage::BwdFusedM1))
+        .filter(|s| !matches!(s, Stage::BwdFusedM0 | Stage::BwdFusedM1) && !s.optional())
         .map(|s| {
             let g = if is_gemm_stage(s) { gemm(64, 64, 32, 4, 4) } else { Geometry::Rows { rows: 4, threads: 128, min_blocks: 1 } };
             entry(s, dtype, cf, g, true, true)

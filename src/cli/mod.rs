@@ -1,5 +1,6 @@
 //! The subcommands of the `mixstack` binary.
 pub mod bench;
+pub mod cublas_gate;
 pub mod report;
 pub mod verify;
 

@@ -28,10 +28,10 @@ use super::table::{self, DispatchEntry, Dtype, Geometry, KernelEntry, Stage};
 pub const FUSED_CF_LIMIT: u32 = 96;
 
 /// Stages of the forward pass, in launch order.
-pub const FORWARD_STAGES: [Stage; 4] = [Stage::FwdM0, Stage::FwdGate, Stage::FwdM1, Stage::FwdFinal];
+pub const FORWARD_STAGES: [Stage; 5] = [Stage::FwdM0, Stage::FwdGate, Stage::FwdGateAct, Stage::FwdM1, Stage::FwdFinal];
 /// Stages of the relay backward.
-pub const RELAY_STAGES: [Stage; 5] =
-    [Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGemm];
+pub const RELAY_STAGES: [Stage; 6] =
+    [Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGlogit, Stage::BwdGemm];
 /// The two passes of the fused backward (it also uses bwd_grad_alpha and bwd_final).
 pub const FUSED_STAGES: [Stage; 2] = [Stage::BwdFusedM0, Stage::BwdFusedM1];
 
@@ -46,9 +46,11 @@ pub fn is_gated_stage(stage: Stage) -> bool {
         stage,
         Stage::FwdM0
             | Stage::FwdGate
+            | Stage::FwdGateAct
             | Stage::FwdM1
             | Stage::BwdRecompute
             | Stage::BwdPointwise
+            | Stage::BwdGlogit
             | Stage::BwdGemm
             | Stage::BwdFusedM0
             | Stage::BwdFusedM1

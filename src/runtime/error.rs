@@ -100,6 +100,14 @@ pub enum MixError {
     #[error("kernel `{kernel}` needs {bytes} bytes of shared memory; the device allows {limit}")]
     SharedMemory { kernel: &'static str, bytes: u64, limit: u64 },
 
+    /// A cuBLAS call (the gate GEMMs at Cf >= 96) failed.
+    #[error("cuBLAS error while {during}: {status}")]
+    Blas { during: String, status: String },
+
+    /// A size cuBLAS takes as a 32-bit int does not fit one.
+    #[error("{what} = {value} exceeds cuBLAS's 32-bit int (the gate GEMMs at Cf >= 96)")]
+    BlasSize { what: &'static str, value: u64 },
+
     /// A table entry contradicts itself (a build problem, reported, not assumed).
     #[error("kernel table entry `{kernel}` is inconsistent: {why}")]
     TableInconsistent { kernel: &'static str, why: String },

@@ -270,4 +270,29 @@ impl Kernels {
         }
         Ok(())
     }
+
+    /// Run `work` (a library call on `stream`, e.g. cuBLAS), profiled like
+    /// a launch: under `stage`, named `name`.
+    pub(crate) fn external(
+        &self,
+        stream: &CudaStream,
+        stage: Stage,
+        name: &'static str,
+        work: impl FnOnce() -> Result<(), MixError>,
+    ) -> Result<(), MixError> {
+        if lock(&self.profile).is_none() {
+            return work();
+        }
+        let ctx = stream.context();
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = ctx.new_event(flags).during(|| format!("creating a timing event for {name}"))?;
+        let end = ctx.new_event(flags).during(|| format!("creating a timing event for {name}"))?;
+        start.record(stream).during(|| format!("recording a timing event for {name}"))?;
+        work()?;
+        end.record(stream).during(|| format!("recording a timing event for {name}"))?;
+        if let Some(v) = lock(&self.profile).as_mut() {
+            v.push(Timed { stage, kernel: name, start, end });
+        }
+        Ok(())
+    }
 }

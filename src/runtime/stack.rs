@@ -13,6 +13,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use super::dispatch::{is_gated_stage, Dispatch, Path, PathDecision, TileOverride, FORWARD_STAGES, RELAY_STAGES};
 use super::element::Element;
 use super::error::{DriverContext, MixError, ShapeParam};
+use super::gate_blas::{GateBlas, GateGemm, GATE_BLAS_MIN_CF};
 use super::launch::{Arg, KernelTiming, Kernels};
 use super::memory::{raw_ptr, CallMemory, ScratchPool, Tracker};
 use super::shape::{StackShape, MAX_F};
@@ -115,6 +116,12 @@ pub struct Stack<T: Element> {
     last_forward: Mutex<Option<CallMemory>>,
     last_backward: Mutex<Option<CallMemory>>,
     poison: AtomicBool,
+    /// The gate contractions by cuBLAS (Cf >= 96, gate_blas.rs), where it
+    /// could be started; `gate_gemm` says which path and why.
+    gate_blas: Option<GateBlas>,
+    gate_gemm: GateGemm,
+    /// Tests and benches: run the generated gate kernels even where cuBLAS is up.
+    gate_blas_off: AtomicBool,
 }
 
 /// wt[k][f][o][i] = W[k][f][i][o] for `blocks` square n x n blocks.
@@ -198,7 +205,27 @@ impl<T: Element> Stack<T> {
         let gwt_d = if gw.is_empty() { None } else { Some(up("gwt", &gwt_host)?) };
         stream.synchronize().during(|| "waiting for the weight upload".into())?;
 
+        let generated = |why: String| (None, GateGemm::Generated { why });
+        let (gate_blas, gate_gemm) = if shape.gated() == 0 {
+            generated("no gated layer".into())
+        } else if shape.cf < GATE_BLAS_MIN_CF {
+            generated(format!("Cf {} < {GATE_BLAS_MIN_CF}: the generated kernels are faster here (gate_blas.rs)", shape.cf))
+        } else if let Some(stage) = [Stage::FwdGateAct, Stage::BwdGlogit]
+            .into_iter()
+            .find(|st| dispatch.default_for(*st, T::DTYPE, shape.cf as u32, shape.lmax as u32).is_none())
+        {
+            generated(format!("no {stage} kernel for {} Cf {} lmax {}", T::DTYPE, shape.cf, shape.lmax))
+        } else {
+            match GateBlas::new(stream) {
+                Ok(b) => (Some(b), GateGemm::Cublas),
+                Err(why) => generated(why),
+            }
+        };
+
         Ok(Stack {
+            gate_blas,
+            gate_gemm,
+            gate_blas_off: AtomicBool::new(false),
             kernels: Kernels::new(ctx.clone(), shape.lg()),
             pool: ScratchPool::new(&ctx)?,
             ctx,
@@ -219,6 +246,44 @@ impl<T: Element> Stack<T> {
 
     pub fn shape(&self) -> StackShape {
         self.shape
+    }
+
+    /// Where the gate contractions run (cuBLAS at Cf >= 96 where it loads),
+    /// and why; [`Stack::set_generated_gate`] overrides it per call.
+    pub fn gate_gemm(&self) -> GateGemm {
+        if self.gate_blas.is_some() && self.gate_blas_off.load(Ordering::Relaxed) {
+            return GateGemm::Generated { why: "set_generated_gate(true)".into() };
+        }
+        self.gate_gemm.clone()
+    }
+
+    /// Run the generated gate kernels (fwd_gate, bwd_recompute,
+    /// bwd_pointwise) even where cuBLAS is up: for side-by-side tests and
+    /// benches.
+    pub fn set_generated_gate(&self, on: bool) {
+        self.gate_blas_off.store(on, Ordering::Relaxed);
+    }
+
+    fn blas(&self) -> Option<&GateBlas> {
+        self.gate_blas.as_ref().filter(|_| !self.gate_blas_off.load(Ordering::Relaxed))
+    }
+
+    /// The cuBLAS gate path for one call, unless `tiles` names one of the
+    /// generated gate stages `generated` (that asks for them); naming
+    /// `blas_stage` where the cuBLAS path does not run is an error, never
+    /// an override silently unused.
+    fn gate_blas_for(&self, tiles: &TileOverride, generated: &[Stage], blas_stage: Stage) -> Result<Option<&GateBlas>, MixError> {
+        let blas = self.blas().filter(|_| !generated.iter().any(|s| tiles.get(*s).is_some()));
+        if let (None, Some(name)) = (blas, tiles.get(blas_stage)) {
+            return Err(MixError::BadOverride {
+                stage: blas_stage,
+                dtype: T::DTYPE,
+                cf: self.shape.cf as u32,
+                name: name.to_string(),
+                why: format!("runs only where the gate GEMMs run on cuBLAS; here: {:?}", self.gate_gemm()),
+            });
+        }
+        Ok(blas)
     }
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -318,8 +383,11 @@ impl<T: Element> Stack<T> {
         let grad_alpha = self.select(Stage::BwdGradAlpha, &opts.tiles)?;
         let final_ = self.select(Stage::BwdFinal, &opts.tiles)?;
         let mut layer = Vec::new();
+        let gate_blas = decision.path == Path::Relay
+            && self.gate_blas_for(&opts.tiles, &[Stage::BwdRecompute, Stage::BwdPointwise], Stage::BwdGlogit)?.is_some();
         if self.shape.gated() > 0 {
             let stages: &[Stage] = match decision.path {
+                Path::Relay if gate_blas => &[Stage::BwdGlogit, Stage::BwdGemm],
                 Path::Relay => &[Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGemm],
                 Path::Fused => &[Stage::BwdFusedM0, Stage::BwdFusedM1],
             };
@@ -327,7 +395,7 @@ impl<T: Element> Stack<T> {
                 layer.push(self.select(s, &opts.tiles)?);
             }
         }
-        Ok(BwdPlan { decision, grad_alpha, final_, layer })
+        Ok(BwdPlan { decision, grad_alpha, final_, layer, gate_blas })
     }
 
     // ------------------------------------------------------------------
@@ -528,10 +596,11 @@ impl<T: Element> Stack<T> {
     ) -> Result<(), MixError> {
         let sh = self.shape;
         let gated = sh.gated();
+        let blas = self.gate_blas_for(tiles, &[Stage::FwdGate], Stage::FwdGateAct)?;
         let layer_kernels = if gated > 0 {
             Some((
                 self.select(Stage::FwdM0, tiles)?,
-                self.select(Stage::FwdGate, tiles)?,
+                self.select(if blas.is_some() { Stage::FwdGateAct } else { Stage::FwdGate }, tiles)?,
                 self.select(Stage::FwdM1, tiles)?,
             ))
         } else {
@@ -574,14 +643,31 @@ impl<T: Element> Stack<T> {
                     f,
                     &[Arg::Ptr(u), Arg::Ptr(w0 + o0), Arg::Ptr(z_k), ea, la],
                 )?;
-                self.kernels.launch(
-                    stream,
-                    k_gate,
-                    e,
-                    0,
-                    f,
-                    &[Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
-                )?;
+                match blas {
+                    Some(blas) => {
+                        // SAFETY: z_k is layer k of z_all (F x E x ROW), gw + og the
+                        // layer's (F, Cf, LG) block, sig F x E x LG.
+                        self.kernels.external(stream, Stage::FwdGateAct, "cublas gemm: logit = s @ GW", || unsafe {
+                            blas.projection::<T>(stream, &sh, e, z_k, gw + og, psig)
+                        })?;
+                        self.kernels.launch(
+                            stream,
+                            k_gate,
+                            e,
+                            0,
+                            f,
+                            &[Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
+                        )?;
+                    }
+                    None => self.kernels.launch(
+                        stream,
+                        k_gate,
+                        e,
+                        0,
+                        f,
+                        &[Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
+                    )?,
+                }
                 self.kernels.launch(
                     stream,
                     k_m1,
@@ -674,30 +760,56 @@ impl<T: Element> Stack<T> {
 
         match plan.decision.path {
             Path::Relay if gated > 0 => {
-                let (k_rec, k_pw, k_gemm) = (plan.layer[0], plan.layer[1], plan.layer[2]);
+                let k_gemm = plan.layer[plan.layer.len() - 1];
                 let sig = tr.scratch::<T>(sh.sig_len(e)?, "sig")?;
                 let gz = tr.scratch::<T>(sh.surface_len(e)?, "gz")?;
+                let glog = if plan.gate_blas { Some(tr.scratch::<T>(sh.sig_len(e)?, "g_logit")?) } else { None };
                 let (psig, pgz) = (raw_ptr(&sig, stream), raw_ptr(&gz, stream));
                 for k in (0..gated).rev() {
                     let z_k = p.z_all + k as u64 * z_stride;
                     let (o0, o1, og) = self.layer_offsets(k);
                     let gw_k = gw + og;
-                    self.kernels.launch(
-                        stream,
-                        k_rec,
-                        e,
-                        0,
-                        f,
-                        &[Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(psig), ea, la],
-                    )?;
-                    self.kernels.launch(
-                        stream,
-                        k_pw,
-                        e,
-                        0,
-                        f,
-                        &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(gwt + og), Arg::Ptr(pgz), ea, la],
-                    )?;
+                    match (self.blas().filter(|_| plan.gate_blas), &glog) {
+                        (Some(blas), Some(glog)) => {
+                            let pglog = raw_ptr(glog, stream);
+                            let k_glogit = plan.layer[0];
+                            // SAFETY: z_k is layer k of z_all (F x E x ROW), gw_k the
+                            // layer's (F, Cf, LG) block, sig and glog F x E x LG, gz F x E x ROW.
+                            self.kernels.external(stream, Stage::BwdGlogit, "cublas gemm: logit = s @ GW", || unsafe {
+                                blas.projection::<T>(stream, &sh, e, z_k, gw_k, psig)
+                            })?;
+                            self.kernels.launch(
+                                stream,
+                                k_glogit,
+                                e,
+                                0,
+                                f,
+                                &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(pglog), Arg::Ptr(pgz), ea, la],
+                            )?;
+                            self.kernels.external(stream, Stage::BwdGlogit, "cublas gemm: gz_s += g_logit @ GW^T", || unsafe {
+                                blas.logit_contraction::<T>(stream, &sh, e, pglog, gw_k, pgz)
+                            })?;
+                        }
+                        _ => {
+                            let (k_rec, k_pw) = (plan.layer[0], plan.layer[1]);
+                            self.kernels.launch(
+                                stream,
+                                k_rec,
+                                e,
+                                0,
+                                f,
+                                &[Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(psig), ea, la],
+                            )?;
+                            self.kernels.launch(
+                                stream,
+                                k_pw,
+                                e,
+                                0,
+                                f,
+                                &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(gwt + og), Arg::Ptr(pgz), ea, la],
+                            )?;
+                        }
+                    }
                     for (seg, wt, n) in [(0, wt0 + o0, m0), (1, wt1 + o1, m1)] {
                         self.kernels.launch(
                             stream,
@@ -712,6 +824,9 @@ impl<T: Element> Stack<T> {
                 }
                 tr.release(sig);
                 tr.release(gz);
+                if let Some(b) = glog {
+                    tr.release(b);
+                }
             }
             Path::Fused if gated > 0 => {
                 let (k_f0, k_f1) = (plan.layer[0], plan.layer[1]);
@@ -756,9 +871,11 @@ struct BwdPlan {
     decision: PathDecision,
     grad_alpha: &'static KernelEntry,
     final_: &'static KernelEntry,
-    /// Per gated layer: relay [recompute, pointwise, gemm] or fused [m0, m1];
-    /// empty when there is no gated layer.
+    /// Per gated layer: relay [recompute, pointwise, gemm], relay with the
+    /// gate GEMMs by cuBLAS [glogit, gemm], or fused [m0, m1]; empty when
+    /// there is no gated layer.
     layer: Vec<&'static KernelEntry>,
+    gate_blas: bool,
 }
 
 /// Check (F, Cf, lmax, n_layers) against the limits and the table: every
@@ -783,7 +900,7 @@ pub fn validate_shape<T: Element>(dispatch: &Dispatch<'_>, shape: &StackShape) -
     let cf = u32::try_from(shape.cf).unwrap_or(u32::MAX);
     let none = TileOverride::new();
     for stage in FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()) {
-        if shape.gated() == 0 && is_gated_stage(*stage) {
+        if (shape.gated() == 0 && is_gated_stage(*stage)) || stage.optional() {
             continue;
         }
         dispatch.select(*stage, T::DTYPE, cf, lmax, &none)?;
