@@ -44,19 +44,16 @@ pub fn time(
     stream: &Arc<CudaStream>,
     w: &Workload,
     stack: &Stack<f32>,
-    args: (
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-    ),
+    args: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     gw0: &CudaSlice<f32>,
     reps: usize,
 ) -> Result<CublasGate, Error> {
     let (grad_out, out, z_all, alpha) = args;
     // SAFETY: only asks whether the library can be loaded.
     if !unsafe { sys::is_culib_present() } {
-        return Err("--cublas-gate: the cuBLAS library (libcublas.so) was not found; add its folder to LD_LIBRARY_PATH".into());
+        return Err(
+            "--cublas-gate: the cuBLAS library (libcublas.so) was not found; add its folder to LD_LIBRARY_PATH".into(),
+        );
     }
     let blas = CudaBlas::new(stream.clone())?;
     let (f, e, cf) = (w.f, w.e, w.cf);
@@ -123,10 +120,8 @@ pub fn time(
         // SAFETY: every buffer holds what the configs address: z_all's layer
         // 0 is F blocks of E x ROW, gw0 F blocks of Cf x LG, sig F x E x LG,
         // gzs F x E x Cf (all f32, on this stream's context).
-        let tp =
-            timed(&mut || Ok(unsafe { blas.gemm_strided_batched(proj, gw0, z_all, &mut sig) }?))?;
-        let tl =
-            timed(&mut || Ok(unsafe { blas.gemm_strided_batched(logit, gw0, &sig, &mut gzs) }?))?;
+        let tp = timed(&mut || Ok(unsafe { blas.gemm_strided_batched(proj, gw0, z_all, &mut sig) }?))?;
+        let tl = timed(&mut || Ok(unsafe { blas.gemm_strided_batched(logit, gw0, &sig, &mut gzs) }?))?;
         // The generated gate kernels, even where the stack runs cuBLAS (Cf >= 96).
         stack.set_generated_gate(true);
         stack.set_profiling(true);
@@ -136,14 +131,8 @@ pub fn time(
         stack.set_generated_gate(false);
         ran?;
         let t = t?;
-        let first = |s: Stage| {
-            t.iter()
-                .find(|k| k.stage == s)
-                .map(|k| (k.ms as f64, k.kernel.to_string()))
-        };
-        let (Some((tr, nr)), Some((tq, nq))) =
-            (first(Stage::BwdRecompute), first(Stage::BwdPointwise))
-        else {
+        let first = |s: Stage| t.iter().find(|k| k.stage == s).map(|k| (k.ms as f64, k.kernel.to_string()));
+        let (Some((tr, nr)), Some((tq, nq))) = (first(Stage::BwdRecompute), first(Stage::BwdPointwise)) else {
             return Err("--cublas-gate needs a gated layer (n_layers >= 2)".into());
         };
         if i >= WARMUP {
@@ -170,10 +159,7 @@ pub fn time(
 }
 
 pub fn print(g: &CublasGate) {
-    println!(
-        "gate contractions, ms per launch (all foci), medians of {}:",
-        g.reps
-    );
+    println!("gate contractions, ms per launch (all foci), medians of {}:", g.reps);
     println!(
         "  projection s @ GW:      cuBLAS GEMM alone {:>7.3}   generated bwd_recompute (GEMM + sigmoid + store) {:>7.3}  ({})",
         g.cublas_projection_ms, g.recompute_ms, g.recompute_kernel

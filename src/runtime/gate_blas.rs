@@ -65,17 +65,11 @@ pub(crate) struct GateBlas {
 
 // cuBLAS takes int sizes; E, L*Cf and ROW are checked against them here.
 fn int(x: usize, what: &'static str) -> Result<i32, MixError> {
-    i32::try_from(x).map_err(|_| MixError::BlasSize {
-        what,
-        value: x as u64,
-    })
+    i32::try_from(x).map_err(|_| MixError::BlasSize { what, value: x as u64 })
 }
 
 fn blas_err(during: &str, e: blas::CublasError) -> MixError {
-    MixError::Blas {
-        during: during.to_string(),
-        status: format!("{:?}", e.0),
-    }
+    MixError::Blas { during: during.to_string(), status: format!("{:?}", e.0) }
 }
 
 /// One strided-batched GEMM, column-major as cuBLAS sees it.
@@ -99,11 +93,8 @@ impl GateBlas {
         if !unsafe { sys::is_culib_present() } {
             return Err("the cuBLAS library (libcublas.so) could not be loaded".into());
         }
-        let handle =
-            CudaBlas::new(stream.clone()).map_err(|e| format!("cublasCreate failed: {e:?}"))?;
-        Ok(GateBlas {
-            handle: Mutex::new(handle),
-        })
+        let handle = CudaBlas::new(stream.clone()).map_err(|e| format!("cublasCreate failed: {e:?}"))?;
+        Ok(GateBlas { handle: Mutex::new(handle) })
     }
 
     /// # Safety
@@ -208,11 +199,7 @@ impl GateBlas {
             lda: int(lg, "L*Cf")?,
             ldb: int(row, "ROW")?,
             ldc: int(lg, "L*Cf")?,
-            stride: (
-                (cf * lg) as i64,
-                (e as i64) * row as i64,
-                (e as i64) * lg as i64,
-            ),
+            stride: ((cf * lg) as i64, (e as i64) * row as i64, (e as i64) * lg as i64),
             batch: int(sh.f, "F")?,
             beta: 0.0,
         };
@@ -243,24 +230,11 @@ impl GateBlas {
             lda: int(lg, "L*Cf")?,
             ldb: int(lg, "L*Cf")?,
             ldc: int(row, "ROW")?,
-            stride: (
-                (cf * lg) as i64,
-                (e as i64) * lg as i64,
-                (e as i64) * row as i64,
-            ),
+            stride: ((cf * lg) as i64, (e as i64) * lg as i64, (e as i64) * row as i64),
             batch: int(sh.f, "F")?,
             beta: 1.0,
         };
         // SAFETY: caller contract.
-        unsafe {
-            self.run::<T>(
-                stream,
-                &g,
-                gw,
-                glog,
-                gz,
-                "the gate-logit contraction (cuBLAS)",
-            )
-        }
+        unsafe { self.run::<T>(stream, &g, gw, glog, gz, "the gate-logit contraction (cuBLAS)") }
     }
 }

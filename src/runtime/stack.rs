@@ -769,7 +769,8 @@ impl<T: Element> Stack<T> {
                     let z_k = p.z_all + k as u64 * z_stride;
                     let (o0, o1, og) = self.layer_offsets(k);
                     let gw_k = gw + og;
-                    match (self.blas().filter(|_| plan.gate_blas), &glog) {
+                    // The plan's choice (made once per call), not the switch's now.
+                    match (self.gate_blas.as_ref().filter(|_| plan.gate_blas), &glog) {
                         (Some(blas), Some(glog)) => {
                             let pglog = raw_ptr(glog, stream);
                             let k_glogit = plan.layer[0];
