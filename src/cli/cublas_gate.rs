@@ -1,21 +1,21 @@
 //! `mixstack bench --cublas-gate`: the relay's two gate contractions done
-//! by cuBLAS (SgemmStridedBatched, fp32, one batch per focus), timed side by
-//! side with the generated kernels that contain them, on the same inputs:
+//! by cuBLAS, through the runtime's own calls ([`GateBlas`], one batch per
+//! focus, fp32), timed side by side with the generated kernels that contain
+//! them, on the same inputs:
 //! - gate projection s @ GW (E x Cf times Cf x LG), inside bwd_recompute
 //!   (which also applies the sigmoid and stores sig);
-//! - gate-logit contraction g_logit @ GW^T (E x LG times LG x Cf), inside
-//!   bwd_pointwise (which also forms g_logit, gz and the silu' term).
+//! - gate-logit contraction g_logit @ GW^T (E x LG times LG x Cf, added
+//!   into gz's scalar columns), inside bwd_pointwise (which also forms
+//!   g_logit, gz and the silu' term).
 //!
-//! cuBLAS's time is that of its GEMM alone; a cuBLAS-based relay would add
-//! the sigmoid pass and the g_logit round trip on top. So where a generated
-//! kernel takes less than cuBLAS's GEMM alone, it is the faster choice
-//! (MIXING_STACK.md asks for cuBLAS at Cf >= 96 unless a generated kernel
-//! that does not spill is faster).
+//! cuBLAS's time is that of its GEMM alone; a cuBLAS-based relay adds the
+//! sigmoid and the g_logit round trip on top. So where a generated kernel
+//! takes less than cuBLAS's GEMM alone, it is the faster choice
+//! (src/runtime/gate_blas.rs says where the runtime switches).
 
-use cudarc::cublas::{sys, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use mixstack::kinds::Stage;
-use mixstack::runtime::{BackwardOptions, Stack};
+use mixstack::runtime::{BackwardOptions, GateBlas, Stack, StackShape};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -39,7 +39,6 @@ type Error = Box<dyn std::error::Error>;
 /// bwd_pointwise (their first launch, layer n_layers-2), interleaved per
 /// repetition. `z_all` from the stack's forward; `gw0`: GW of layer 0, the
 /// (F, Cf, LG) block (any weights time the same).
-#[allow(clippy::too_many_arguments)]
 pub fn time(
     stream: &Arc<CudaStream>,
     w: &Workload,
@@ -49,60 +48,16 @@ pub fn time(
     reps: usize,
 ) -> Result<CublasGate, Error> {
     let (grad_out, out, z_all, alpha) = args;
-    // SAFETY: only asks whether the library can be loaded.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(
-            "--cublas-gate: the cuBLAS library (libcublas.so) was not found; add its folder to LD_LIBRARY_PATH".into(),
-        );
-    }
-    let blas = CudaBlas::new(stream.clone())?;
-    let (f, e, cf) = (w.f, w.e, w.cf);
-    let (lg, row) = (w.lmax * cf, (3 * w.lmax + 1) * cf);
-    let int = |x: usize, what: &str| {
-        i32::try_from(x).map_err(|_| format!("--cublas-gate: {what} = {x} exceeds cuBLAS's int"))
-    };
-    let mut sig = stream.alloc_zeros::<f32>(f * e * lg)?;
-    let mut gzs = stream.alloc_zeros::<f32>(f * e * cf)?;
-    // Row-major X (r x c) is column-major X^T: sig^T (LG x E) = GW^T . s^T,
-    // with s the first Cf columns of z_all's rows (ld ROW).
-    let proj = StridedBatchedConfig {
-        gemm: GemmConfig {
-            transa: sys::cublasOperation_t::CUBLAS_OP_N,
-            transb: sys::cublasOperation_t::CUBLAS_OP_N,
-            m: int(lg, "L*Cf")?,
-            n: int(e, "E")?,
-            k: int(cf, "Cf")?,
-            alpha: 1.0f32,
-            lda: int(lg, "L*Cf")?,
-            ldb: int(row, "ROW")?,
-            beta: 0.0f32,
-            ldc: int(lg, "L*Cf")?,
-        },
-        batch_size: int(f, "F")?,
-        stride_a: (cf * lg) as i64,
-        stride_b: (e * row) as i64,
-        stride_c: (e * lg) as i64,
-    };
-    // gzs^T (Cf x E) = GW . g_logit^T: GW's buffer read transposed; sig's
-    // buffer stands in for g_logit (E x LG).
-    let logit = StridedBatchedConfig {
-        gemm: GemmConfig {
-            transa: sys::cublasOperation_t::CUBLAS_OP_T,
-            transb: sys::cublasOperation_t::CUBLAS_OP_N,
-            m: int(cf, "Cf")?,
-            n: int(e, "E")?,
-            k: int(lg, "L*Cf")?,
-            alpha: 1.0f32,
-            lda: int(lg, "L*Cf")?,
-            ldb: int(lg, "L*Cf")?,
-            beta: 0.0f32,
-            ldc: int(cf, "Cf")?,
-        },
-        batch_size: int(f, "F")?,
-        stride_a: (cf * lg) as i64,
-        stride_b: (e * lg) as i64,
-        stride_c: (e * cf) as i64,
-    };
+    let blas =
+        GateBlas::new(stream).map_err(|why| format!("--cublas-gate: {why}; add its folder to LD_LIBRARY_PATH"))?;
+    let shape = StackShape::new(w.f, w.cf, w.lmax, w.n_layers);
+    let (f, e) = (w.f, w.e);
+    let mut logit = stream.alloc_zeros::<f32>(f * e * shape.lg())?;
+    let mut gz = stream.alloc_zeros::<f32>(f * e * shape.row())?;
+    let (pz, _gz_all) = z_all.device_ptr(stream);
+    let (pgw, _ggw) = gw0.device_ptr(stream);
+    let (plogit, _glogit) = logit.device_ptr_mut(stream);
+    let (pgz, _ggz) = gz.device_ptr_mut(stream);
     let ctx = stream.context();
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
@@ -117,11 +72,11 @@ pub fn time(
     let (mut rk, mut pk) = (String::new(), String::new());
     const WARMUP: usize = 2;
     for i in 0..WARMUP + reps {
-        // SAFETY: every buffer holds what the configs address: z_all's layer
-        // 0 is F blocks of E x ROW, gw0 F blocks of Cf x LG, sig F x E x LG,
-        // gzs F x E x Cf (all f32, on this stream's context).
-        let tp = timed(&mut || Ok(unsafe { blas.gemm_strided_batched(proj, gw0, z_all, &mut sig) }?))?;
-        let tl = timed(&mut || Ok(unsafe { blas.gemm_strided_batched(logit, gw0, &sig, &mut gzs) }?))?;
+        // SAFETY: z_all's layer 0 is F blocks of E x ROW, gw0 F blocks of
+        // Cf x LG, logit F x E x LG, gz F x E x ROW (f32, this stream's
+        // context); logit stands in for g_logit in the contraction.
+        let tp = timed(&mut || Ok(unsafe { blas.projection::<f32>(stream, &shape, e, pz, pgw, plogit) }?))?;
+        let tl = timed(&mut || Ok(unsafe { blas.logit_contraction::<f32>(stream, &shape, e, plogit, pgw, pgz) }?))?;
         // The generated gate kernels, even where the stack runs cuBLAS (Cf >= 96).
         stack.set_generated_gate(true);
         stack.set_profiling(true);

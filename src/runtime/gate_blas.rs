@@ -58,37 +58,58 @@ pub enum GateGemm {
     Cublas,
 }
 
-/// A cuBLAS handle, pointed at the caller's stream at each call.
-pub(crate) struct GateBlas {
+/// A cuBLAS handle, pointed at the caller's stream at each call. Public so
+/// that `mixstack bench --cublas-gate` times these very calls.
+pub struct GateBlas {
     handle: Mutex<CudaBlas>,
-}
-
-// cuBLAS takes int sizes; E, L*Cf and ROW are checked against them here.
-fn int(x: usize, what: &'static str) -> Result<i32, MixError> {
-    i32::try_from(x).map_err(|_| MixError::BlasSize { what, value: x as u64 })
 }
 
 fn blas_err(during: &str, e: blas::CublasError) -> MixError {
     MixError::Blas { during: during.to_string(), status: format!("{:?}", e.0) }
 }
 
-/// One strided-batched GEMM, column-major as cuBLAS sees it.
+/// The sizes of one call, as the 32-bit ints cuBLAS takes.
+struct Sizes {
+    f: i32,
+    e: i32,
+    cf: i32,
+    lg: i32,
+    row: i32,
+}
+
+impl Sizes {
+    fn new(sh: &StackShape, e: usize) -> Result<Self, MixError> {
+        let int = |x: usize, what| i32::try_from(x).map_err(|_| MixError::BlasSize { what, value: x as u64 });
+        Ok(Sizes {
+            f: int(sh.f, "F")?,
+            e: int(e, "E")?,
+            cf: int(sh.cf, "Cf")?,
+            lg: int(sh.lg(), "L*Cf")?,
+            row: int(sh.row(), "ROW")?,
+        })
+    }
+    /// Elements of `rows` rows of `cols`, one focus's block (64-bit).
+    fn block(rows: i32, cols: i32) -> i64 {
+        rows as i64 * cols as i64
+    }
+}
+
+/// One strided-batched GEMM C = op(A) . B + beta C, column-major as cuBLAS
+/// sees it (row-major X is column-major X^T), one batch per focus.
 struct Batched {
     trans_a: bool,
     m: i32,
     n: i32,
     k: i32,
-    lda: i32,
-    ldb: i32,
-    ldc: i32,
+    ld: (i32, i32, i32),
     stride: (i64, i64, i64),
     batch: i32,
     beta: f64,
 }
 
 impl GateBlas {
-    /// `None` (with the reason) where cuBLAS cannot be loaded or started.
-    pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Self, String> {
+    /// The reason, where cuBLAS cannot be loaded or started.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, String> {
         // SAFETY: only asks whether the shared library can be loaded.
         if !unsafe { sys::is_culib_present() } {
             return Err("the cuBLAS library (libcublas.so) could not be loaded".into());
@@ -98,90 +119,62 @@ impl GateBlas {
     }
 
     /// # Safety
-    /// a, b, c address the extents the config implies (the callers below).
+    /// a, b, c address the extents `g` implies, on `stream`'s context.
     unsafe fn run<T: Element>(
         &self,
         stream: &Arc<CudaStream>,
         g: &Batched,
-        a: CUdeviceptr,
-        b: CUdeviceptr,
-        c: CUdeviceptr,
+        (a, b, c): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
         during: &str,
     ) -> Result<(), MixError> {
         let mut h = self.handle.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the stream belongs to the handle's context (checked by the stack).
+        // SAFETY: the stream belongs to the handle's context (checked by the caller).
         unsafe { h.set_stream(stream.clone()) }.map_err(|e| blas_err(during, e))?;
-        let op = |t: bool| {
-            if t {
-                sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                sys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let (ta, tb) = (op(g.trans_a), op(false));
+        let ta = if g.trans_a { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N };
+        let tb = sys::cublasOperation_t::CUBLAS_OP_N;
+        // The same call for each element type.
+        macro_rules! gemm {
+            ($f:path, $t:ty) => {{
+                let (one, beta) = (1.0 as $t, g.beta as $t);
+                // SAFETY: caller contract.
+                unsafe {
+                    $f(
+                        *h.handle(),
+                        ta,
+                        tb,
+                        g.m,
+                        g.n,
+                        g.k,
+                        &one,
+                        a as *const $t,
+                        g.ld.0,
+                        g.stride.0,
+                        b as *const $t,
+                        g.ld.1,
+                        g.stride.1,
+                        &beta,
+                        c as *mut $t,
+                        g.ld.2,
+                        g.stride.2,
+                        g.batch,
+                    )
+                }
+            }};
+        }
         let r = match T::DTYPE {
-            Dtype::F32 => {
-                let (one, beta) = (1.0f32, g.beta as f32);
-                // SAFETY: caller contract.
-                unsafe {
-                    blas::sgemm_strided_batched(
-                        *h.handle(),
-                        ta,
-                        tb,
-                        g.m,
-                        g.n,
-                        g.k,
-                        &one,
-                        a as *const f32,
-                        g.lda,
-                        g.stride.0,
-                        b as *const f32,
-                        g.ldb,
-                        g.stride.1,
-                        &beta,
-                        c as *mut f32,
-                        g.ldc,
-                        g.stride.2,
-                        g.batch,
-                    )
-                }
-            }
-            Dtype::F64 => {
-                let (one, beta) = (1.0f64, g.beta);
-                // SAFETY: caller contract.
-                unsafe {
-                    blas::dgemm_strided_batched(
-                        *h.handle(),
-                        ta,
-                        tb,
-                        g.m,
-                        g.n,
-                        g.k,
-                        &one,
-                        a as *const f64,
-                        g.lda,
-                        g.stride.0,
-                        b as *const f64,
-                        g.ldb,
-                        g.stride.1,
-                        &beta,
-                        c as *mut f64,
-                        g.ldc,
-                        g.stride.2,
-                        g.batch,
-                    )
-                }
-            }
+            Dtype::F32 => gemm!(blas::sgemm_strided_batched, f32),
+            Dtype::F64 => gemm!(blas::dgemm_strided_batched, f64),
         };
         r.map_err(|e| blas_err(during, e))
     }
 
-    /// logit[f] (E x LG) = s[f] @ GW[f], s = the first Cf columns of z's rows.
-    /// Row-major X is column-major X^T: logit^T = GW^T . s^T.
+    /// logit[f] (E x LG) = s[f] @ GW[f], s the first Cf columns of z's rows:
+    /// logit^T = GW^T . s^T.
     ///
     /// # Safety
-    /// `z`: F blocks of E x ROW; `gw`: F blocks of Cf x LG; `logit`: F x E x LG.
-    pub(crate) unsafe fn projection<T: Element>(
+    /// `z`: F blocks of E x ROW; `gw`: F blocks of Cf x LG; `logit`: F x E x
+    /// LG; all on `stream`'s context.
+    pub unsafe fn projection<T: Element>(
         &self,
         stream: &Arc<CudaStream>,
         sh: &StackShape,
@@ -190,29 +183,28 @@ impl GateBlas {
         gw: CUdeviceptr,
         logit: CUdeviceptr,
     ) -> Result<(), MixError> {
-        let (cf, lg, row) = (sh.cf, sh.lg(), sh.row());
+        let s = Sizes::new(sh, e)?;
         let g = Batched {
             trans_a: false,
-            m: int(lg, "L*Cf")?,
-            n: int(e, "E")?,
-            k: int(cf, "Cf")?,
-            lda: int(lg, "L*Cf")?,
-            ldb: int(row, "ROW")?,
-            ldc: int(lg, "L*Cf")?,
-            stride: ((cf * lg) as i64, (e as i64) * row as i64, (e as i64) * lg as i64),
-            batch: int(sh.f, "F")?,
+            m: s.lg,
+            n: s.e,
+            k: s.cf,
+            ld: (s.lg, s.row, s.lg),
+            stride: (Sizes::block(s.cf, s.lg), Sizes::block(s.e, s.row), Sizes::block(s.e, s.lg)),
+            batch: s.f,
             beta: 0.0,
         };
         // SAFETY: caller contract.
-        unsafe { self.run::<T>(stream, &g, gw, z, logit, "the gate projection (cuBLAS)") }
+        unsafe { self.run::<T>(stream, &g, (gw, z, logit), "the gate projection (cuBLAS)") }
     }
 
     /// gz[f][:, :Cf] += glog[f] (E x LG) @ GW[f]^T: gz^T (Cf x E, rows of
     /// ROW) += GW . glog^T, GW's buffer read transposed.
     ///
     /// # Safety
-    /// `glog`: F x E x LG; `gw`: F blocks of Cf x LG; `gz`: F blocks of E x ROW.
-    pub(crate) unsafe fn logit_contraction<T: Element>(
+    /// `glog`: F x E x LG; `gw`: F blocks of Cf x LG; `gz`: F blocks of E x
+    /// ROW; all on `stream`'s context.
+    pub unsafe fn logit_contraction<T: Element>(
         &self,
         stream: &Arc<CudaStream>,
         sh: &StackShape,
@@ -221,20 +213,18 @@ impl GateBlas {
         gw: CUdeviceptr,
         gz: CUdeviceptr,
     ) -> Result<(), MixError> {
-        let (cf, lg, row) = (sh.cf, sh.lg(), sh.row());
+        let s = Sizes::new(sh, e)?;
         let g = Batched {
             trans_a: true,
-            m: int(cf, "Cf")?,
-            n: int(e, "E")?,
-            k: int(lg, "L*Cf")?,
-            lda: int(lg, "L*Cf")?,
-            ldb: int(lg, "L*Cf")?,
-            ldc: int(row, "ROW")?,
-            stride: ((cf * lg) as i64, (e as i64) * lg as i64, (e as i64) * row as i64),
-            batch: int(sh.f, "F")?,
+            m: s.cf,
+            n: s.e,
+            k: s.lg,
+            ld: (s.lg, s.lg, s.row),
+            stride: (Sizes::block(s.cf, s.lg), Sizes::block(s.e, s.lg), Sizes::block(s.e, s.row)),
+            batch: s.f,
             beta: 1.0,
         };
         // SAFETY: caller contract.
-        unsafe { self.run::<T>(stream, &g, gw, glog, gz, "the gate-logit contraction (cuBLAS)") }
+        unsafe { self.run::<T>(stream, &g, (gw, glog, gz), "the gate-logit contraction (cuBLAS)") }
     }
 }

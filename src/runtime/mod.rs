@@ -28,7 +28,7 @@ pub use device::open_device;
 pub use dispatch::{Dispatch, DispatchChoice, Path, PathDecision, Reason, TileOverride};
 pub use element::Element;
 pub use error::{MixError, ShapeParam};
-pub use gate_blas::{GateGemm, GATE_BLAS_MIN_CF};
+pub use gate_blas::{GateBlas, GateGemm, GATE_BLAS_MIN_CF};
 pub use launch::KernelTiming;
 pub use memory::CallMemory;
 pub use shape::StackShape;

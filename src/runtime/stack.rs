@@ -116,10 +116,9 @@ pub struct Stack<T: Element> {
     last_forward: Mutex<Option<CallMemory>>,
     last_backward: Mutex<Option<CallMemory>>,
     poison: AtomicBool,
-    /// The gate contractions by cuBLAS (Cf >= 96, gate_blas.rs), where it
-    /// could be started; `gate_gemm` says which path and why.
-    gate_blas: Option<GateBlas>,
-    gate_gemm: GateGemm,
+    /// The gate contractions by cuBLAS (Cf >= 96, gate_blas.rs), or why the
+    /// generated kernels run them.
+    gate_blas: Result<GateBlas, String>,
     /// Tests and benches: run the generated gate kernels even where cuBLAS is up.
     gate_blas_off: AtomicBool,
 }
@@ -205,26 +204,21 @@ impl<T: Element> Stack<T> {
         let gwt_d = if gw.is_empty() { None } else { Some(up("gwt", &gwt_host)?) };
         stream.synchronize().during(|| "waiting for the weight upload".into())?;
 
-        let generated = |why: String| (None, GateGemm::Generated { why });
-        let (gate_blas, gate_gemm) = if shape.gated() == 0 {
-            generated("no gated layer".into())
+        let gate_blas = if shape.gated() == 0 {
+            Err("no gated layer".into())
         } else if shape.cf < GATE_BLAS_MIN_CF {
-            generated(format!("Cf {} < {GATE_BLAS_MIN_CF}: the generated kernels are faster here (gate_blas.rs)", shape.cf))
+            Err(format!("Cf {} < {GATE_BLAS_MIN_CF}: the generated kernels are faster here (gate_blas.rs)", shape.cf))
         } else if let Some(stage) = [Stage::FwdGateAct, Stage::BwdGlogit]
             .into_iter()
             .find(|st| dispatch.default_for(*st, T::DTYPE, shape.cf as u32, shape.lmax as u32).is_none())
         {
-            generated(format!("no {stage} kernel for {} Cf {} lmax {}", T::DTYPE, shape.cf, shape.lmax))
+            Err(format!("no {stage} kernel for {} Cf {} lmax {}", T::DTYPE, shape.cf, shape.lmax))
         } else {
-            match GateBlas::new(stream) {
-                Ok(b) => (Some(b), GateGemm::Cublas),
-                Err(why) => generated(why),
-            }
+            GateBlas::new(stream)
         };
 
         Ok(Stack {
             gate_blas,
-            gate_gemm,
             gate_blas_off: AtomicBool::new(false),
             kernels: Kernels::new(ctx.clone(), shape.lg()),
             pool: ScratchPool::new(&ctx)?,
@@ -251,10 +245,13 @@ impl<T: Element> Stack<T> {
     /// Where the gate contractions run (cuBLAS at Cf >= 96 where it loads),
     /// and why; [`Stack::set_generated_gate`] overrides it per call.
     pub fn gate_gemm(&self) -> GateGemm {
-        if self.gate_blas.is_some() && self.gate_blas_off.load(Ordering::Relaxed) {
-            return GateGemm::Generated { why: "set_generated_gate(true)".into() };
+        match &self.gate_blas {
+            Ok(_) if self.gate_blas_off.load(Ordering::Relaxed) => {
+                GateGemm::Generated { why: "set_generated_gate(true)".into() }
+            }
+            Ok(_) => GateGemm::Cublas,
+            Err(why) => GateGemm::Generated { why: why.clone() },
         }
-        self.gate_gemm.clone()
     }
 
     /// Run the generated gate kernels (fwd_gate, bwd_recompute,
@@ -265,7 +262,7 @@ impl<T: Element> Stack<T> {
     }
 
     fn blas(&self) -> Option<&GateBlas> {
-        self.gate_blas.as_ref().filter(|_| !self.gate_blas_off.load(Ordering::Relaxed))
+        self.gate_blas.as_ref().ok().filter(|_| !self.gate_blas_off.load(Ordering::Relaxed))
     }
 
     /// The cuBLAS gate path for one call, unless `tiles` names one of the
@@ -770,7 +767,7 @@ impl<T: Element> Stack<T> {
                     let (o0, o1, og) = self.layer_offsets(k);
                     let gw_k = gw + og;
                     // The plan's choice (made once per call), not the switch's now.
-                    match (self.gate_blas.as_ref().filter(|_| plan.gate_blas), &glog) {
+                    match (self.gate_blas.as_ref().ok().filter(|_| plan.gate_blas), &glog) {
                         (Some(blas), Some(glog)) => {
                             let pglog = raw_ptr(glog, stream);
                             let k_glogit = plan.layer[0];
