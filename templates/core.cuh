@@ -32,6 +32,20 @@ __device__ __forceinline__ int group_of(int r, int L) {
   return r <= L ? r - 1 : (r <= 2 * L ? r - L - 1 : r - 2 * L - 1);
 }
 
+// n / d by one multiply-high, for a divisor known only at run time (row
+// widths depend on the argument L): a plain int division is ~20
+// instructions, and the row kernels divide once per 16-byte element (SASS
+// of fwd_gate, BENCH.md run 53). magic = ceil(2^32 / d) = (2^32 + e) / d,
+// 0 <= e < d, so n * magic / 2^32 = n / d + n * e / (d * 2^32) and the floor
+// is exact while n * e < 2^32. Here n < 2^20 (ROWS <= 128 rows of at most
+// ROW / W < 2^13 vectors) and 2 <= d < 2^12.
+struct DivBy {
+  int d;
+  unsigned magic;
+  __device__ __forceinline__ explicit DivBy(int d_) : d(d_), magic(0xffffffffu / (unsigned)d_ + 1u) {}
+  __device__ __forceinline__ int div(int n) const { return (int)__umulhi((unsigned)n, magic); }
+};
+
 template <typename T>
 __device__ __forceinline__ T* smem_at(int byte_offset) {
   extern __shared__ __align__(16) unsigned char ms_smem[];

@@ -17,18 +17,20 @@ __device__ __forceinline__ T* per_lg_rows(int slot, int LG) {
 template <typename T, int ROWS, int THREADS>
 __device__ __forceinline__ void store_rows(T* dst, const T* sh, i64 e0, i64 E, int N) {
   constexpr int W = Vec<T>::W;
-  for (int idx = threadIdx.x; idx < ROWS * N / W; idx += THREADS) {
-    if (e0 + idx / (N / W) < E) Vec<T>::store(dst + e0 * N + (i64)idx * W, sh + idx * W);
+  const DivBy nv(N / W);
+  for (int idx = threadIdx.x; idx < ROWS * nv.d; idx += THREADS) {
+    if (e0 + nv.div(idx) < E) Vec<T>::store(dst + e0 * N + (i64)idx * W, sh + idx * W);
   }
 }
 template <typename T, int ROWS, int THREADS>
 __device__ __forceinline__ void load_rows(T* sh, const T* src, i64 e0, i64 E, int N) {
   constexpr int W = Vec<T>::W;
+  const DivBy nv(N / W);
   batched<THREADS, 4>(
-      ROWS * N / W,
+      ROWS * nv.d,
       [&](int idx) {
         Regs<T, W> x{};
-        if (e0 + idx / (N / W) < E) Vec<T>::ldg(src + e0 * N + (i64)idx * W, x.v);
+        if (e0 + nv.div(idx) < E) Vec<T>::ldg(src + e0 * N + (i64)idx * W, x.v);
         return x;
       },
       [&](int idx, const Regs<T, W>& x) {
@@ -92,36 +94,55 @@ __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restr
 
 // u_next[:, :M0] = u + [silu(s) | z0[:, Cf:] * sig] for the rows e0.. of the
 // focus whose first row is at `base`: s from s_sh (rows of Cf), the gate row
-// of row m at sig_row(m).
+// of row m at sig_row(m). Items [0, NS) are the scalar subtile's vectors,
+// the rest the gated ones, so a warp (NS is a multiple of 32 at Cf 32 and
+// up) runs one branch: with items taken row by row a warp held both kinds
+// and ran silu (four exact sigmoids) and the gate product one after the
+// other on every element (SASS of fwd_gate, BENCH.md run 53). One loop, so
+// each thread keeps U items' loads in flight across both kinds (two loops
+// added a round trip per block and were slower, run 54).
 template <typename T, int CF, int ROWS, int THREADS, typename SigRow>
 __device__ __forceinline__ void gate_residual_rows(const T* __restrict__ u, const T* __restrict__ z,
                                                    const T* s_sh, SigRow sig_row, T* __restrict__ u_next,
                                                    i64 base, i64 e0, i64 E, int L) {
   const Dims d = dims<CF>(L);
-  constexpr int W = Vec<T>::W;
-  // x.v: u, then z (gated columns), W columns of one subtile.
+  constexpr int W = Vec<T>::W, SV = CF / W, NS = ROWS * SV;
+  // Gated subtiles 1..L are the gate groups 0..L-1 in order: column CF + c
+  // of a row sits at sig_row(m)[c].
+  const DivBy gv(d.LG / W);
+  // Item idx: its row m and column col (scalar: col < CF).
+  auto at = [&](int idx, int& m, int& col) {
+    if (idx < NS) {
+      m = idx / SV;
+      col = (idx - m * SV) * W;
+    } else {
+      m = gv.div(idx - NS);
+      col = CF + (idx - NS - m * gv.d) * W;
+    }
+  };
   batched<THREADS, 4>(
-      ROWS * d.M0 / W,
+      NS + ROWS * gv.d,
       [&](int idx) {
-        const int m = idx / (d.M0 / W), col = (idx - m * (d.M0 / W)) * W;
-        const i64 at = base + (e0 + m) * d.ROW + col;
+        int m, col;
+        at(idx, m, col);
+        const i64 i = base + (e0 + m) * d.ROW + col;
         Regs<T, 2 * W> x{};
         if (e0 + m < E) {
-          Vec<T>::ldg(u + at, x.v);
-          if (col >= CF) Vec<T>::ldg(z + at, x.v + W);
+          Vec<T>::ldg(u + i, x.v);
+          if (idx >= NS) Vec<T>::ldg(z + i, x.v + W);
         }
         return x;
       },
       [&](int idx, const Regs<T, 2 * W>& x) {
-        const int m = idx / (d.M0 / W), col = (idx - m * (d.M0 / W)) * W;
+        int m, col;
+        at(idx, m, col);
         if (e0 + m >= E) return;
         T y[W];
-        if (col < CF) {
+        if (idx < NS) {
 #pragma unroll
           for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_silu<T>(s_sh[m * CF + col + w]));
         } else {
-          const int r = col / CF, ch = col - r * CF;
-          const T* sg = sig_row(m) + group_of(r, L) * CF + ch;
+          const T* sg = sig_row(m) + col - CF;
 #pragma unroll
           for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_gate<T>(x.v[W + w], sg[w]));
         }
@@ -159,9 +180,10 @@ __device__ __forceinline__ void fwd_gate(const T* __restrict__ u, const T* __res
 template <typename T, int ROWS, int THREADS>
 __device__ __forceinline__ void sig_from_logit_rows(T* sig_sh, const T* logit, i64 e0, i64 E, int LG) {
   constexpr int W = Vec<T>::W;
-  for (int idx = threadIdx.x; idx < ROWS * LG / W; idx += THREADS) {
+  const DivBy nv(LG / W);
+  for (int idx = threadIdx.x; idx < ROWS * nv.d; idx += THREADS) {
     T x[W] = {};
-    if (e0 + idx / (LG / W) < E) Vec<T>::load(logit + e0 * LG + (i64)idx * W, x);
+    if (e0 + nv.div(idx) < E) Vec<T>::load(logit + e0 * LG + (i64)idx * W, x);
 #pragma unroll
     for (int w = 0; w < W; ++w) sig_sh[idx * W + w] = op_sigmoid<T>(x[w]);
   }

@@ -494,45 +494,76 @@ fn relay_tiles_bitwise_equal_every_tile() {
     let name = "relay_tiles_bitwise_equal_every_tile";
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
+    // The optional stages (the cuBLAS gate path, Cf >= 96) have no kernels
+    // here: cublas_path_tiles_bitwise_equal_every_tile covers them.
+    let stages: Vec<Stage> =
+        FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()).copied().filter(|s| !s.optional()).collect();
     for (cf, e) in [(32usize, 333usize), (64, 1), (32, 1), (64, 333)] {
         let lmax = rng.gen_range(1..=4usize);
-        let shape = Shape { f: 2, e, cf, lmax, n_layers: 3 };
-        let p = Problem::random(&mut rng, shape, true);
-        let st = make_stack::<f32>(&g, &p);
-        let d = st.dispatch();
-        let want = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
-        let s = &g.stream;
-        let (u0, alpha, go) = (upload::<f32>(s, &p.u0), upload::<f32>(s, &p.alpha), upload::<f32>(s, &p.grad_out));
-        // The optional stages (the cuBLAS gate path, Cf >= 96) have no kernels here.
-        let stages: Vec<Stage> = FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()).copied().filter(|s| !s.optional()).collect();
-        let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf as u32, lmax as u32)).collect();
-        let most = lists.iter().map(Vec::len).max().unwrap_or(0);
-        st.set_profiling(true);
-        for i in 0..most {
-            let (mut fwd, mut bwd) = (TileOverride::new(), TileOverride::new());
-            let mut used = Vec::new();
-            for (stage, list) in stages.iter().zip(&lists) {
-                let k = list[i % list.len()];
-                used.push(k.name);
-                if FORWARD_STAGES.contains(stage) { fwd.set(*stage, k.name) } else { bwd.set(*stage, k.name) }
-            }
-            let (out, z_all) = st.forward_with(s, &u0, &alpha, true, &fwd).unwrap();
-            let (gu, ga, _) =
-                st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::relay().with_tiles(bwd)).unwrap();
-            let what = format!("{} with {used:?}", p.describe());
-            // The overrides took effect: every named kernel launched.
-            let ran: Vec<&str> = st.timings().unwrap().iter().map(|k| k.kernel).collect();
-            for name in &used {
-                assert!(ran.contains(name), "{name} did not run: {what}");
-            }
-            assert!(bits(&download(s, &out)) == bits(&want.out), "out differs bitwise: {what}");
-            assert!(bits(&download(s, &z_all)) == bits(&want.z_all), "z_all differs bitwise: {what}");
-            assert!(bits(&download(s, &gu)) == bits(&want.grad_u0), "grad_u0 differs bitwise: {what}");
-            assert!(bits(&download(s, &ga)) == bits(&want.grad_alpha), "grad_alpha differs bitwise: {what}");
-        }
-        st.set_profiling(false);
-        println!("ok bitwise: {} relay tile sets at {}", most, p.describe());
+        let p = Problem::random(&mut rng, Shape { f: 2, e, cf, lmax, n_layers: 3 }, true);
+        every_tile_bitwise(&g, &p, &stages);
     }
+}
+
+/// The same on the cuBLAS gate path (Cf >= 96): every tile of fwd_gate_act
+/// and bwd_glogit, the stages around the cuBLAS GEMMs, gives the default
+/// tiles' results bit for bit. Skipped, saying so, where libcublas cannot be
+/// loaded.
+#[test]
+fn cublas_path_tiles_bitwise_equal_every_tile() {
+    let name = "cublas_path_tiles_bitwise_equal_every_tile";
+    let Some(g) = gpu(name) else { return };
+    // SAFETY: only asks whether the library can be loaded.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        println!("SKIPPED {name}: libcublas cannot be loaded");
+        return;
+    }
+    let mut rng = rng_for(name);
+    for (cf, e) in [(96usize, 333usize), (128, 1), (128, 333)] {
+        let lmax = rng.gen_range(1..=4usize);
+        let p = Problem::random(&mut rng, Shape { f: 2, e, cf, lmax, n_layers: 3 }, true);
+        every_tile_bitwise(&g, &p, &[Stage::FwdGateAct, Stage::BwdGlogit]);
+    }
+}
+
+/// Runs forward and relay backward once per tile set, set i taking tile
+/// i (mod the count) of every stage in `stages` and the default elsewhere,
+/// and compares every output bit for bit with the defaults' results. Each
+/// named kernel must appear in the call's profile.
+fn every_tile_bitwise(g: &Gpu, p: &Problem, stages: &[Stage]) {
+    let (cf, lmax) = (p.shape.cf as u32, p.shape.lmax as u32);
+    let st = make_stack::<f32>(g, p);
+    let d = st.dispatch();
+    let want = run(g, &st, p, &BackwardOptions::relay()).unwrap();
+    let s = &g.stream;
+    let (u0, alpha, go) = (upload::<f32>(s, &p.u0), upload::<f32>(s, &p.alpha), upload::<f32>(s, &p.grad_out));
+    let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf, lmax)).collect();
+    let most = lists.iter().map(Vec::len).max().unwrap_or(0);
+    st.set_profiling(true);
+    for i in 0..most {
+        let (mut fwd, mut bwd) = (TileOverride::new(), TileOverride::new());
+        let mut used = Vec::new();
+        for (stage, list) in stages.iter().zip(&lists) {
+            let k = list[i % list.len()];
+            used.push(k.name);
+            if FORWARD_STAGES.contains(stage) { fwd.set(*stage, k.name) } else { bwd.set(*stage, k.name) }
+        }
+        let (out, z_all) = st.forward_with(s, &u0, &alpha, true, &fwd).unwrap();
+        let (gu, ga, _) =
+            st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::relay().with_tiles(bwd)).unwrap();
+        let what = format!("{} with {used:?}", p.describe());
+        // The overrides took effect: every named kernel launched.
+        let ran: Vec<&str> = st.timings().unwrap().iter().map(|k| k.kernel).collect();
+        for name in &used {
+            assert!(ran.contains(name), "{name} did not run: {what}");
+        }
+        assert!(bits(&download(s, &out)) == bits(&want.out), "out differs bitwise: {what}");
+        assert!(bits(&download(s, &z_all)) == bits(&want.z_all), "z_all differs bitwise: {what}");
+        assert!(bits(&download(s, &gu)) == bits(&want.grad_u0), "grad_u0 differs bitwise: {what}");
+        assert!(bits(&download(s, &ga)) == bits(&want.grad_alpha), "grad_alpha differs bitwise: {what}");
+    }
+    st.set_profiling(false);
+    println!("ok bitwise: {most} tile sets of {stages:?} at {}", p.describe());
 }
 
 /// From Cf 96 the gate contractions run as cuBLAS GEMMs around fwd_gate_act
