@@ -640,31 +640,24 @@ impl<T: Element> Stack<T> {
                     f,
                     &[Arg::Ptr(u), Arg::Ptr(w0 + o0), Arg::Ptr(z_k), ea, la],
                 )?;
-                match blas {
+                // fwd_gate_act (after cuBLAS wrote the logits into sig) takes
+                // fwd_gate's arguments but GW.
+                let (with_gw, act) = (
+                    [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
+                    [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
+                );
+                let gate_args: &[Arg] = match blas {
                     Some(blas) => {
                         // SAFETY: z_k is layer k of z_all (F x E x ROW), gw + og the
                         // layer's (F, Cf, LG) block, sig F x E x LG.
                         self.kernels.external(stream, Stage::FwdGateAct, "cublas gemm: logit = s @ GW", || unsafe {
                             blas.projection::<T>(stream, &sh, e, z_k, gw + og, psig)
                         })?;
-                        self.kernels.launch(
-                            stream,
-                            k_gate,
-                            e,
-                            0,
-                            f,
-                            &[Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
-                        )?;
+                        &act
                     }
-                    None => self.kernels.launch(
-                        stream,
-                        k_gate,
-                        e,
-                        0,
-                        f,
-                        &[Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
-                    )?,
-                }
+                    None => &with_gw,
+                };
+                self.kernels.launch(stream, k_gate, e, 0, f, gate_args)?;
                 self.kernels.launch(
                     stream,
                     k_m1,
@@ -766,9 +759,10 @@ impl<T: Element> Stack<T> {
                     let z_k = p.z_all + k as u64 * z_stride;
                     let (o0, o1, og) = self.layer_offsets(k);
                     let gw_k = gw + og;
-                    // The plan's choice (made once per call), not the switch's now.
-                    match (self.gate_blas.as_ref().ok().filter(|_| plan.gate_blas), &glog) {
-                        (Some(blas), Some(glog)) => {
+                    // The plan's choice (made once per call, glog allocated for
+                    // it), not the switch's now.
+                    match (&glog, &self.gate_blas) {
+                        (Some(glog), Ok(blas)) => {
                             let pglog = raw_ptr(glog, stream);
                             let k_glogit = plan.layer[0];
                             // SAFETY: z_k is layer k of z_all (F x E x ROW), gw_k the
