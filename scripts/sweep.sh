@@ -32,7 +32,6 @@ for n in $(names fwd_m0); do
   fw+=(--forward-variant "$o")
 done
 v+=(--variant fused)
-for n in $(names bwd_fused_m0); do v+=(--variant "fused:bwd_fused_m0=$n"); done
-for n in $(names bwd_fused_m1); do v+=(--variant "fused:bwd_fused_m1=$n"); done
+for n in $(names bwd_fused); do v+=(--variant "fused:bwd_fused=$n"); done
 .device/mixstack bench --preset "$preset" --reps "${REPS:-10}" "${v[@]}" "${fw[@]}" --json "$OUT/sweep_$preset.json" > "$OUT/sweep_$preset.log" 2>&1
 grep -vE "^    " "$OUT/sweep_$preset.log" | grep -v " / relay"

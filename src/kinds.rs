@@ -20,12 +20,11 @@ pub enum Stage {
     BwdPointwise,
     BwdGlogit,
     BwdGemm,
-    BwdFusedM0,
-    BwdFusedM1,
+    BwdFused,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 13] = [
+    pub const ALL: [Stage; 12] = [
         Stage::FwdM0,
         Stage::FwdGate,
         Stage::FwdGateAct,
@@ -37,8 +36,7 @@ impl Stage {
         Stage::BwdPointwise,
         Stage::BwdGlogit,
         Stage::BwdGemm,
-        Stage::BwdFusedM0,
-        Stage::BwdFusedM1,
+        Stage::BwdFused,
     ];
     /// The spelling used in specs, canonical names and reports.
     pub fn as_str(self) -> &'static str {
@@ -54,8 +52,7 @@ impl Stage {
             Stage::BwdPointwise => "bwd_pointwise",
             Stage::BwdGlogit => "bwd_glogit",
             Stage::BwdGemm => "bwd_gemm",
-            Stage::BwdFusedM0 => "bwd_fused_m0",
-            Stage::BwdFusedM1 => "bwd_fused_m1",
+            Stage::BwdFused => "bwd_fused",
         }
     }
     pub fn parse(s: &str) -> Option<Stage> {

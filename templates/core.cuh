@@ -251,13 +251,20 @@ __device__ __forceinline__ void compute_gzs_rows(Out out, const T* glog_sh,
   });
 }
 
+// The gate of gated column col (col >= Cf) in a row's sig: its group's
+// channel; consecutive columns of one subtile have consecutive gates.
+template <int CF, typename T>
+__device__ __forceinline__ const T* gate_at(const T* sig_row, int L, int col) {
+  const int r = col / CF, ch = col - r * CF;
+  return sig_row + group_of(r, L) * CF + ch;
+}
+
 // gz at column col of a row whose g there is g_col: the scalar chain
 // (precomputed; g_col unused) or a gated subtile.
 template <typename T, int CF>
 __device__ __forceinline__ T gz_of(T g_col, const T* sig_row, const T* gzs_row, int L, int col) {
   if (col < CF) return gzs_row[col];
-  const int r = col / CF, ch = col - r * CF;
-  return op_gate<T>(g_col, sig_row[group_of(r, L) * CF + ch]);
+  return op_gate<T>(g_col, *gate_at<CF>(sig_row, L, col));
 }
 
 // A thread owns TM x TN outputs in 16-byte groups spread over the tile
@@ -423,6 +430,11 @@ __device__ __forceinline__ void cp_async16s(unsigned dst, const void* src, int s
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   cp_async16s(smem_addr(dst), src, src_bytes);
+}
+// Bring `bytes` (a multiple of 16) at p (16-byte aligned) into L2, no wait:
+// one instruction for a whole contiguous stretch (sm_90 bulk copy engine).
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -746,6 +758,155 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
   cp_async_wait<0>();
 }
 
+
+// ---------------------------------------------------------------------------
+// Row-block streaming GEMM: the fused backward's core. A persistent block
+// owns whole row blocks (rb = blockIdx.x, blockIdx.x + gridDim.x, ...) and,
+// per row block, walks every column tile of both output segments (square
+// blocks: K == N per segment) through one cp.async ring that never drains,
+// exactly as gemm_stream does for one segment. So a.tile(e0), the per-row
+// work the A operand needs (gate recompute, gate-logit, scalar chain), runs
+// once per row block, not once per column tile, and its result stays in
+// shared memory for all of that row block's tiles; the ring keeps loading
+// the row block's first chunks while it runs. Each output element still
+// accumulates k ascending from zero (chunk by chunk, mma_stream), then epi.
+
+// One output segment: columns [off, off + N) of each row, from A columns
+// [off, off + N) times B (N x N, row-major).
+template <typename T>
+struct Seg {
+  const T* B;
+  int N, off;
+};
+
+// Position of a chunk in a block's walk: row block, segment, column tile, K
+// chunk; advanced without divisions. Per-segment values are picked by
+// selects, never by indexing an array with s (that puts the array in local
+// memory).
+struct RowWalk {
+  i64 rb;
+  int s, ct, kt;
+  __device__ __forceinline__ void step(int kt0, int kt1, int ct0, int ct1) {
+    if (++kt == (s ? kt1 : kt0)) {
+      kt = 0;
+      if (++ct == (s ? ct1 : ct0)) {
+        ct = 0;
+        if (++s == 2) {
+          s = 0;
+          rb += gridDim.x;
+        }
+      }
+    }
+  }
+};
+
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
+          typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
+  constexpr int AK = BK + W;  // padded row of the row-major A chunk
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
+  static_assert(STAGES >= 2, "a ring of at least two chunks");
+  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
+  T* As = smem_at<T>(SMEM_A);
+  T* Bs = smem_at<T>(SMEM_B);
+  const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+  const i64 nrb = (E + BM - 1) / BM;
+  if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
+  const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
+  const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
+  const i64 nq = ((nrb - 1 - blockIdx.x) / gridDim.x + 1) * (kt0 * ct0 + kt1 * ct1);
+
+  const RowWalk first{(i64)blockIdx.x, 0, 0, 0};
+  RowWalk lw = first, cw = first;
+  int lst = 0;
+  i64 lq = 0;
+  const ChunkCopy<T, BK, BN / W, THREADS, BN> copy_b(tid);
+  const ChunkCopy<T, BM, BK / W, THREADS, AK> copy_a(tid);
+  const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
+  const int stride = a.stride();
+  auto load_next = [&]() {
+    const i64 e0 = lw.rb * BM;
+    const int n0 = lw.ct * BN, k0 = lw.kt * BK, N = lw.s ? seg1.N : seg0.N;
+    const T* B = lw.s ? seg1.B : seg0.B;
+    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), B + k0 * N + n0, N, n0 + BN <= N,
+                [&](int, int n) { return n0 + n < N; });
+    const int rows = E - e0 < BM ? (int)(E - e0) : BM;
+    copy_a.copy(as0 + lst * A_STAGE * (int)sizeof(T), a.row(e0) + (lw.s ? seg1.off : seg0.off) + k0, stride,
+                rows == BM, [&](int m, int) { return m < rows; });
+    lw.step(kt0, kt1, ct0, ct1);
+    lst = lst + 1 == STAGES ? 0 : lst + 1;
+    ++lq;
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (lq < nq) load_next();
+    cp_async_commit();
+  }
+
+  T acc[TM][TN];
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+
+  int cst = 0;
+  for (i64 q = 0; q < nq; ++q) {
+    cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
+    T* as = As + cst * A_STAGE;
+    const i64 e0 = cw.rb * BM;
+    const int off = cw.s ? seg1.off : seg0.off;
+    // Each thread fixes the pieces it copied (the loader's mapping): one
+    // barrier covers landing and fix; a row block's first chunk waits for
+    // the per-row work, which the fix reads.
+    auto fix_own = [&]() {
+      const int c0 = off + cw.kt * BK;
+      copy_a.each([&](int, int m, int k) {
+        if (e0 + m < E) {
+          T x[W];
+          Vec<T>::load(as + m * AK + k, x);
+          a.fix(m, c0 + k, x);
+          Vec<T>::store(as + m * AK + k, x);
+        }
+      });
+    };
+    const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
+    if (!hook) fix_own();
+    __syncthreads();  // chunk q is in (fixed unless hooked); everyone is done with chunk q-1's slot
+    if (lq < nq) load_next();
+    cp_async_commit();
+    if (hook) {
+      a.tile(e0);  // every fix of the previous row block is done (barrier above)
+      fix_own();
+      __syncthreads();
+    }
+    mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
+    cst = cst + 1 == STAGES ? 0 : cst + 1;
+    if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
+      const int n0 = cw.ct * BN, N = cw.s ? seg1.N : seg0.N;
+      auto store_acc = [&](auto guarded) {
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+          const i64 e = e0 + ty + i * TY;
+#pragma unroll
+          for (int j = 0; j < TN; j += W) {
+            const int n = n0 + tx * W + (j / W) * TX * W;
+            if (!decltype(guarded)::value || (e < E && n < N)) epi(e, off + n, &acc[i][j]);
+          }
+        }
+      };
+      if (e0 + BM <= E && n0 + BN <= N) store_acc(std::false_type{});
+      else store_acc(std::true_type{});
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+    }
+    cw.step(kt0, kt1, ct0, ct1);
+  }
+  cp_async_wait<0>();
+}
 
 // The stage bodies' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
 // gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring). PIPE 0

@@ -451,67 +451,89 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
       });
 }
 
-// The fused passes' A operand: gz of one segment, formed per K chunk
-// (BLOCK_K == Cf: one subtile) from the landed g chunk by gz_of, never
-// stored. Its tile hook computes what the relay's recompute and pointwise
-// kernels compute, with the same functions: SEG 0 (m = 0, subtiles 0..L;
-// subtile 0 is the scalar chain) needs sig, g_logit and the scalar chain;
-// SEG 1 (|m| = 1, subtiles L+1..3L) needs sig only.
-template <typename T, int CF, int BM, int THREADS, typename S, int SEG>
-struct GzA {
-  static constexpr bool FIX = true, HOOK = true;
+// The fused backward's A operand: gz, formed chunk by chunk from the landed
+// g chunk (fix), never stored. Its tile hook computes, once per row block
+// and with the relay's own functions, what the relay's recompute and
+// pointwise kernels compute: sig, g_logit and the scalar chain gz_s. gz_s
+// takes s's buffer (s is dead once sig is formed) and g_logit is formed GB
+// rows at a time: the block keeps BM x (L*Cf + Cf) + GB x L*Cf values
+// besides its ring, so four 64-row blocks share an SM at the seed's shapes.
+template <typename T, int CF, int BM, int THREADS, typename S>
+struct GzRows {
+  // Rows of the g_logit buffer (src/codegen/layout.rs: GLOG_SUB_ROWS).
+  static constexpr int GB = BM < 16 ? BM : 16;
+  static_assert(BM % GB == 0, "whole g_logit sub-blocks");
   const T* gf;
   const T* zf;
   const T* gwf;
   const T* gwtf;
   i64 E;
-  int L, LG, ROW, off;
+  int L, LG, ROW;
   __device__ __forceinline__ T* s_sh() const { return smem_at<T>(S::s_rows); }
   __device__ __forceinline__ T* sig_sh() const { return per_lg_rows<T, S, BM>(S::sig_slot, LG); }
-  __device__ __forceinline__ T* gzs_sh() const {
-    if constexpr (SEG == 0) return smem_at<T>(S::gzs_rows);
-    else return nullptr;
-  }
-  __device__ __forceinline__ const T* row(i64 e) const { return gf + e * ROW + off; }
+  __device__ __forceinline__ const T* row(i64 e) const { return gf + e * ROW; }
   __device__ __forceinline__ int stride() const { return ROW; }
   __device__ __forceinline__ void tile(i64 e0) {
-    load_scalar_rows<T, CF, BM, THREADS>(s_sh(), zf, e0, E, ROW);
+    T* s = s_sh();
+    T* glog_sh = per_lg_rows<T, S, BM>(S::glog_slot, LG);
+    // The rows this block takes next (persistent walk): g and z into L2 now,
+    // so that their per-row work finds them there, not in DRAM (that work
+    // runs between barriers, one latency per phase).
+    const i64 next = e0 + (i64)gridDim.x * BM;
+    if (threadIdx.x == 0 && next < E) {
+      const unsigned bytes = (unsigned)((E - next < BM ? E - next : BM) * ROW * sizeof(T));
+      prefetch_l2(gf + next * ROW, bytes);
+      prefetch_l2(zf + next * ROW, bytes);
+    }
+    load_scalar_rows<T, CF, BM, THREADS>(s, zf, e0, E, ROW);
     __syncthreads();
-    compute_sig_rows<T, CF, BM, THREADS>(sig_sh(), s_sh(), gwf, LG);
+    compute_sig_rows<T, CF, BM, THREADS>(sig_sh(), s, gwf, LG);
     __syncthreads();
-    if constexpr (SEG == 0) {
-      T* glog_sh = per_lg_rows<T, S, BM>(S::glog_slot, LG);
-      compute_glogit_rows<T, CF, BM, THREADS>(glog_sh, sig_sh(), gf, zf, e0, E, L, LG, ROW);
+    // g_logit and the scalar chain GB rows at a time (a GB x LG buffer,
+    // not BM x LG: what lets more blocks share an SM).
+    for (int r0 = 0; r0 < BM; r0 += GB) {
+      compute_glogit_rows<T, CF, GB, THREADS>(glog_sh, sig_sh() + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
       __syncthreads();
-      T* gzs = gzs_sh();
-      compute_gzs_rows<T, CF, BM, THREADS>([&](int m, int j, T v) { gzs[m * CF + j] = v; }, glog_sh, gwtf, gf,
-                                           zf, e0, E, LG, ROW);
+      compute_gzs_rows<T, CF, GB, THREADS>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog_sh, gwtf, gf,
+                                           zf, e0 + r0, E, LG, ROW);
       __syncthreads();
     }
   }
-  __device__ __forceinline__ T fix(int m, i64, int k, T raw) const {
-    return gz_of<T, CF>(raw, sig_sh() + m * LG, gzs_sh() + m * CF, L, off + k);
+  // gz at columns col..col+W-1 of row m (of the current row block), in
+  // place of their g: gz_of for W columns at once, with one subtile test
+  // per 16-byte piece (a piece never straddles a subtile: Cf is a multiple
+  // of W).
+  __device__ __forceinline__ void fix(int m, int col, T (&x)[Vec<T>::W]) const {
+    constexpr int W = Vec<T>::W;
+    if (col < CF) {
+      Vec<T>::load(s_sh() + m * CF + col, x);  // gz_s, the scalar chain
+      return;
+    }
+    T sg[W];
+    Vec<T>::load(gate_at<CF>(sig_sh() + m * LG, L, col), sg);
+#pragma unroll
+    for (int w = 0; w < W; ++w) x[w] = op_gate<T>(x[w], sg[w]);
   }
 };
 
-// Fused: one segment of g_next = g + gz_seg @ W_seg^T, gz from GzA.
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S, int SEG>
+// Fused: one gated layer, g_next = g + [gz_m0 @ W0^T | gz_m1 @ W1^T], gz
+// from GzRows; both segments of a row block in one block (gemm_rowblock).
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
                                           const T* __restrict__ gw, const T* __restrict__ gwt,
-                                          const T* __restrict__ wt, T* __restrict__ g_next,
-                                          i64 E, int L) {
-  static_assert(BK == CF, "fused backward: one K tile is one subtile (BLOCK_K == Cf)");
+                                          const T* __restrict__ wt0, const T* __restrict__ wt1,
+                                          T* __restrict__ g_next, i64 E, int L) {
+  static_assert(PIPE == 2, "the fused backward streams (pipe: stream)");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
-  const int off = SEG ? d.M0 : 0, K = SEG ? d.M1 : d.M0;
   const i64 base = (i64)f * E * d.ROW;
-  GzA<T, CF, BM, (BM / TM) * (BN / TN), S, SEG> a{g + base, z + base, gw + (i64)f * CF * d.LG,
-                                                 gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW, off};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
-      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
-        const i64 at = base + e * d.ROW + off + n;
-        store_residual<T>(g_next + at, g + at, v);
-      });
+  GzRows<T, CF, BM, (BM / TM) * (BN / TN), S> a{g + base, z + base, gw + (i64)f * CF * d.LG,
+                                                gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW};
+  const Seg<T> seg0{wt0 + (i64)f * d.M0 * d.M0, d.M0, 0}, seg1{wt1 + (i64)f * d.M1 * d.M1, d.M1, d.M0};
+  gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile>(E, seg0, seg1, a, [&](i64 e, int n, const T* v) {
+    const i64 at = base + e * d.ROW + n;
+    store_residual<T>(g_next + at, g + at, v);
+  });
 }
 
 }  // namespace ms

@@ -12,7 +12,7 @@ fn div_by_magic_is_exact_over_the_stated_range() {
         (n * magic) >> 32
     };
     for d in 2u64..(1 << 12) {
-        let mut check = |n: u64| assert_eq!(div(n, d), n / d, "n = {n}, d = {d}");
+        let check = |n: u64| assert_eq!(div(n, d), n / d, "n = {n}, d = {d}");
         let mut q = 1;
         while q * d < N {
             check(q * d - 1);

@@ -451,24 +451,22 @@ fn fused_bitwise_equals_relay_every_tile() {
             let st = make_stack::<f32>(&g, &p);
             // Every accepted tile that fits this device at this lmax.
             let d = st.dispatch();
-            let m0s = d.candidates_at(Stage::BwdFusedM0, Dtype::F32, cf, lmax);
-            let m1s = d.candidates_at(Stage::BwdFusedM1, Dtype::F32, cf, lmax);
-            assert!(!m0s.is_empty() && !m1s.is_empty(), "no usable fused kernels at Cf {cf} lmax {lmax}");
+            let fused_tiles = d.candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
+            assert!(!fused_tiles.is_empty(), "no usable fused kernels at Cf {cf} lmax {lmax}");
             let gemms = d.candidates_at(Stage::BwdGemm, Dtype::F32, cf, lmax);
             let relay = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
             assert_eq!(relay.decision.path, Path::Relay);
-            // Every fused m0 and m1 tile at least once (zip to the longer list).
-            for i in 0..m0s.len().max(m1s.len()) {
-                let (k0, k1) = (m0s[i % m0s.len()], m1s[i % m1s.len()]);
-                let tiles = TileOverride::new().with(Stage::BwdFusedM0, k0.name).with(Stage::BwdFusedM1, k1.name);
+            // Every fused tile.
+            for k in &fused_tiles {
+                let tiles = TileOverride::new().with(Stage::BwdFused, k.name);
                 let fused = run(&g, &st, &p, &BackwardOptions::fused().with_tiles(tiles)).unwrap();
                 assert_eq!(fused.decision.path, Path::Fused, "{}", fused.decision);
                 assert_eq!(st.last_path(), Some(fused.decision));
-                let what = format!("{} with {} + {}", p.describe(), k0.name, k1.name);
+                let what = format!("{} with {}", p.describe(), k.name);
                 assert!(bits(&fused.grad_u0) == bits(&relay.grad_u0), "grad_u0 differs bitwise: {what}");
                 assert!(bits(&fused.grad_alpha) == bits(&relay.grad_alpha), "grad_alpha differs bitwise: {what}");
                 let loaded = st.loaded_kernels();
-                assert!(loaded.contains(&k0.name) && loaded.contains(&k1.name), "{what}: loaded {loaded:?}");
+                assert!(loaded.contains(&k.name), "{what}: loaded {loaded:?}");
                 println!("ok bitwise {what}");
             }
             // Relay GEMM tiles change the schedule, never a result.
@@ -690,7 +688,7 @@ fn fallbacks_with_switch_on() {
         let st = make_stack::<f32>(&g, &p);
         let (plan_decision, plan) = st.backward_plan(&BackwardOptions::fused()).unwrap();
         assert_eq!(plan_decision.path, Path::Relay);
-        assert!(plan.iter().all(|k| !matches!(k.stage, Stage::BwdFusedM0 | Stage::BwdFusedM1)));
+        assert!(plan.iter().all(|k| k.stage != Stage::BwdFused));
         let r = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
         assert_eq!(r.decision.path, Path::Relay);
         assert_eq!(r.decision.reason, Reason::CfTooLarge { cf: cf as u32, limit: FUSED_CF_LIMIT });
@@ -792,10 +790,10 @@ fn bad_inputs_are_typed_errors() {
         Err(MixError::BufferNotMultiple { tensor: "grad_out", .. })
     ));
     let bad_tile =
-        BackwardOptions::fused().with_tiles(TileOverride::new().with(Stage::BwdFusedM0, "ms_no_such_kernel"));
+        BackwardOptions::fused().with_tiles(TileOverride::new().with(Stage::BwdFused, "ms_no_such_kernel"));
     assert!(matches!(st.backward(s, &go, &out, &z_all, &alpha, true, &bad_tile), Err(MixError::BadOverride { .. })));
     let wrong_stage = Dispatch::builtin().default_for(Stage::BwdGemm, Dtype::F32, 32, 2).unwrap().name;
-    let bad_tile = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdFusedM1, wrong_stage));
+    let bad_tile = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdFused, wrong_stage));
     assert!(matches!(st.backward(s, &go, &out, &z_all, &alpha, true, &bad_tile), Err(MixError::BadOverride { .. })));
     // Raw API null pointers.
     let null = ForwardPtrs { u0: 0, alpha: 0, out: 0, z_all: 0 };
@@ -933,8 +931,8 @@ fn profiling_records_each_launch() {
     assert!(t.iter().all(|k| k.ms >= 0.0));
     let _ = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
     let t = st.timings().unwrap();
-    let fused: Vec<_> = t.iter().filter(|k| matches!(k.stage, Stage::BwdFusedM0 | Stage::BwdFusedM1)).collect();
-    assert_eq!(fused.len(), 4);
+    let fused: Vec<_> = t.iter().filter(|k| k.stage == Stage::BwdFused).collect();
+    assert_eq!(fused.len(), 2, "one fused launch per gated layer");
     assert!(!t.iter().any(|k| matches!(k.stage, Stage::BwdRecompute | Stage::BwdPointwise | Stage::BwdGemm)));
     st.set_profiling(false);
     let _ = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();

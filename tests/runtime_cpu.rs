@@ -23,6 +23,11 @@ fn gemm(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
     Geometry::Gemm { block_m, bn, block_k, tm, tn, stages: 2, min_blocks: 1, pipe: mixstack::kinds::Pipe::Regs }
 }
 
+/// A streaming GEMM tile (the only kind the fused stage takes).
+fn stream(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
+    Geometry::Gemm { block_m, bn, block_k, tm, tn, stages: 2, min_blocks: 1, pipe: mixstack::kinds::Pipe::Stream }
+}
+
 fn threads_of(g: Geometry) -> u32 {
     match g {
         Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
@@ -33,7 +38,7 @@ fn threads_of(g: Geometry) -> u32 {
 /// An entry with the canonical name of docs/KERNELS.md.
 fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool, is_default: bool) -> KernelEntry {
     let name = mixstack::kinds::canonical_name(stage, dtype, cf, &geometry);
-    let variant = if matches!(stage, Stage::BwdFusedM0 | Stage::BwdFusedM1) { Variant::Fused } else { Variant::Relay };
+    let variant = if stage == Stage::BwdFused { Variant::Fused } else { Variant::Relay };
     KernelEntry {
         name: leak(name),
         stage,
@@ -65,8 +70,7 @@ fn is_gemm_stage(s: Stage) -> bool {
             | Stage::FwdFinal
             | Stage::BwdFinal
             | Stage::BwdGemm
-            | Stage::BwdFusedM0
-            | Stage::BwdFusedM1
+            | Stage::BwdFused
     )
 }
 
@@ -75,7 +79,7 @@ fn is_gemm_stage(s: Stage) -> bool {
 fn relay_entries(dtype: Dtype, cf: u32) -> Vec<KernelEntry> {
     Stage::ALL
         .into_iter()
-        .filter(|s| !matches!(s, Stage::BwdFusedM0 | Stage::BwdFusedM1) && !s.optional())
+        .filter(|s| *s != Stage::BwdFused && !s.optional())
         .map(|s| {
             let g = if is_gemm_stage(s) { gemm(64, 64, 32, 4, 4) } else { Geometry::Rows { rows: 4, threads: 128, min_blocks: 1 } };
             entry(s, dtype, cf, g, true, true)
@@ -83,16 +87,15 @@ fn relay_entries(dtype: Dtype, cf: u32) -> Vec<KernelEntry> {
         .collect()
 }
 
-/// Fused entries for f32 at `cf` (BLOCK_K == cf): two accepted tiles per pass.
+/// Fused entries for f32 at `cf` (streaming, BLOCK_K 32 divides cf): two
+/// accepted tiles and one that spills.
 fn fused_entries(cf: u32) -> Vec<KernelEntry> {
-    let mut v = Vec::new();
-    for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
-        v.push(entry(s, Dtype::F32, cf, gemm(64, 32, cf, 4, 4), true, false));
-        v.push(entry(s, Dtype::F32, cf, gemm(128, 32, cf, 8, 4), true, true));
-        v.push(entry(s, Dtype::F32, cf, gemm(128, 64, cf, 8, 8), false, false));
-        // spills
-    }
-    v
+    let s = Stage::BwdFused;
+    vec![
+        entry(s, Dtype::F32, cf, stream(64, 32, 32, 4, 4), true, false),
+        entry(s, Dtype::F32, cf, stream(128, 32, 32, 8, 4), true, true),
+        entry(s, Dtype::F32, cf, stream(128, 64, 32, 8, 8), false, false), // spills
+    ]
 }
 
 /// A full table: relay for f32/f64 at Cf 32/64/96/128, fused f32 at 32/64.
@@ -196,9 +199,7 @@ fn decision_cf_96_128_relay() {
     let mut t = full_table();
     // Even with (hypothetical) fused kernels there, Cf >= 96 stays on the relay.
     for cf in [96, 128] {
-        for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
-            t.push(entry(s, Dtype::F32, cf, gemm(64, 32, cf, 4, 4), true, true));
-        }
+        t.push(entry(Stage::BwdFused, Dtype::F32, cf, stream(64, 32, 32, 4, 4), true, true));
     }
     for cf in [96, 128] {
         let d = decide_backward_path(&t, Dtype::F32, cf, true);
@@ -228,39 +229,35 @@ fn decision_reason_order() {
 #[test]
 fn decision_spilling_only_fused_is_relay() {
     let mut t = relay_entries(Dtype::F32, 32);
-    for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
-        t.push(entry(s, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), false, true));
-    }
+    t.push(entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 32, 32, 4, 4), false, true));
     let d = decide_backward_path(&t, Dtype::F32, 32, true);
     assert_eq!(d.path, Path::Relay);
-    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM0 });
+    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
 }
 
 #[test]
-fn decision_needs_both_passes() {
-    let mut t = relay_entries(Dtype::F32, 32);
-    t.push(entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, true));
-    let d = decide_backward_path(&t, Dtype::F32, 32, true);
-    assert_eq!(d.path, Path::Relay);
-    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM1 });
-}
-
-#[test]
-fn decision_needs_block_k_equal_cf() {
-    let mut t = relay_entries(Dtype::F32, 32);
-    for s in [Stage::BwdFusedM0, Stage::BwdFusedM1] {
-        t.push(entry(s, Dtype::F32, 32, gemm(64, 32, 16, 4, 4), true, true)); // BLOCK_K 16 != 32
+fn decision_needs_a_streaming_tile_whose_block_k_divides_cf() {
+    for (g, fused) in [
+        (gemm(64, 32, 32, 4, 4), false),   // not streaming
+        (stream(64, 32, 24, 4, 4), false), // BLOCK_K 24 does not divide 32
+        (stream(64, 32, 16, 4, 4), true),
+        (stream(64, 32, 32, 4, 4), true),
+    ] {
+        let mut t = relay_entries(Dtype::F32, 32);
+        t.push(entry(Stage::BwdFused, Dtype::F32, 32, g, true, true));
+        let d = decide_backward_path(&t, Dtype::F32, 32, true);
+        assert_eq!(d.path == Path::Fused, fused, "{g:?}: {d}");
+        if !fused {
+            assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
+        }
     }
-    let d = decide_backward_path(&t, Dtype::F32, 32, true);
-    assert_eq!(d.path, Path::Relay);
-    assert!(matches!(d.reason, Reason::NoFusedKernel { .. }));
 }
 
 #[test]
 fn decision_empty_table() {
     let d = decide_backward_path(&[], Dtype::F32, 32, true);
     assert_eq!(d.path, Path::Relay);
-    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM0 });
+    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
 }
 
 // ----------------------------------------------------------------------
@@ -271,9 +268,9 @@ fn decision_empty_table() {
 fn select_prefers_default_among_accepted() {
     let t = full_table();
     let none = TileOverride::new();
-    let e = select_kernel(&t, Stage::BwdFusedM0, Dtype::F32, 32, 3, &none).unwrap();
+    let e = select_kernel(&t, Stage::BwdFused, Dtype::F32, 32, 3, &none).unwrap();
     assert!(e.is_default && e.accepted);
-    assert_eq!(e.name, "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr");
+    assert_eq!(e.name, "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps");
 }
 
 #[test]
@@ -310,7 +307,7 @@ fn select_cf_without_kernels() {
 #[test]
 fn select_fused_f64_is_unsupported_dtype() {
     let t = full_table();
-    let err = select_kernel(&t, Stage::BwdFusedM0, Dtype::F64, 32, 2, &TileOverride::new()).unwrap_err();
+    let err = select_kernel(&t, Stage::BwdFused, Dtype::F64, 32, 2, &TileOverride::new()).unwrap_err();
     assert!(matches!(err, MixError::UnsupportedDtype { dtype: Dtype::F64, .. }), "{err}");
 }
 
@@ -337,15 +334,15 @@ fn lmax_out_of_range() {
 fn override_by_name() {
     let t = full_table();
     let d = Dispatch::new(&t);
-    let accepted = d.candidates(Stage::BwdFusedM1, Dtype::F32, 64);
+    let accepted = d.candidates(Stage::BwdFused, Dtype::F32, 64);
     assert_eq!(accepted.len(), 2, "spilling entry excluded");
     for want in &accepted {
-        let tiles = TileOverride::new().with(Stage::BwdFusedM1, want.name);
-        let got = d.select(Stage::BwdFusedM1, Dtype::F32, 64, 2, &tiles).unwrap();
+        let tiles = TileOverride::new().with(Stage::BwdFused, want.name);
+        let got = d.select(Stage::BwdFused, Dtype::F32, 64, 2, &tiles).unwrap();
         assert_eq!(got.name, want.name);
         // Other stages keep the default dispatch.
-        let m0 = d.select(Stage::BwdFusedM0, Dtype::F32, 64, 2, &tiles).unwrap();
-        assert!(m0.is_default);
+        let gemm = d.select(Stage::BwdGemm, Dtype::F32, 64, 2, &tiles).unwrap();
+        assert!(gemm.is_default);
         d.validate_override(Dtype::F32, 64, 2, &tiles).unwrap();
     }
 }
@@ -355,10 +352,10 @@ fn override_rejections() {
     let t = full_table();
     let d = Dispatch::new(&t);
     let cases: Vec<(Stage, &str, &str)> = vec![
-        (Stage::BwdFusedM0, "ms_nonexistent", "not in the kernel table"),
-        (Stage::BwdFusedM0, "ms_bwd_fused_m1_f32_cf32_m64_n32_k32_t4x4_s2_b1_pr", "bwd_fused_m1"),
-        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf64_m64_n32_k64_t4x4_s2_b1_pr", "Cf 64"),
-        (Stage::BwdFusedM0, "ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8_s2_b1_pr", "not accepted"),
+        (Stage::BwdFused, "ms_nonexistent", "not in the kernel table"),
+        (Stage::BwdFused, "ms_bwd_gemm_f32_cf32_m64_n64_k32_t4x4_s2_b1_pr", "bwd_gemm"),
+        (Stage::BwdFused, "ms_bwd_fused_f32_cf64_m64_n32_k32_t4x4_s2_b1_ps", "Cf 64"),
+        (Stage::BwdFused, "ms_bwd_fused_f32_cf32_m128_n64_k32_t8x8_s2_b1_ps", "not accepted"),
         (Stage::BwdGemm, "ms_bwd_gemm_f64_cf32_m64_n64_k32_t4x4_s2_b1_pr", "f64"),
     ];
     for (stage, name, why_part) in cases {
@@ -398,10 +395,10 @@ fn forward_overrides_name_forward_stages_only() {
 fn report_lists_every_key() {
     let t = full_table();
     let r = Dispatch::new(&t).with_lmax_range((1, 6)).report();
-    // (9 relay stages x 2 dtypes x 4 cfs + 2 fused stages x 2 cfs) x 6 lmax.
-    assert_eq!(r.len(), (9 * 2 * 4 + 2 * 2) * 6);
-    let fused = r.iter().find(|c| c.stage == Stage::BwdFusedM0 && c.cf == 64 && c.lmax == 3).unwrap();
-    assert_eq!(fused.chosen, Some("ms_bwd_fused_m0_f32_cf64_m128_n32_k64_t8x4_s2_b1_pr"));
+    // (9 relay stages x 2 dtypes x 4 cfs + 1 fused stage x 2 cfs) x 6 lmax.
+    assert_eq!(r.len(), (9 * 2 * 4 + 2) * 6);
+    let fused = r.iter().find(|c| c.stage == Stage::BwdFused && c.cf == 64 && c.lmax == 3).unwrap();
+    assert_eq!(fused.chosen, Some("ms_bwd_fused_f32_cf64_m128_n32_k32_t8x4_s2_b1_ps"));
     assert_eq!((fused.candidates, fused.total), (2, 3));
     // sorted by key
     let keys: Vec<_> = r.iter().map(|c| (c.stage, c.dtype, c.cf, c.lmax)).collect();
@@ -410,9 +407,9 @@ fn report_lists_every_key() {
     assert_eq!(keys, sorted);
 
     let mut t2 = relay_entries(Dtype::F32, 32);
-    t2.push(entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), false, true));
+    t2.push(entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 32, 32, 4, 4), false, true));
     let r2 = dispatch_report(&t2);
-    let f = r2.iter().find(|c| c.stage == Stage::BwdFusedM0).unwrap();
+    let f = r2.iter().find(|c| c.stage == Stage::BwdFused).unwrap();
     assert_eq!(f.chosen, None);
     assert_eq!((f.candidates, f.total), (0, 1));
 }
@@ -421,46 +418,43 @@ fn report_lists_every_key() {
 fn dispatch_rows_are_honoured() {
     let t = full_table();
     let idx = |name: &str| t.iter().position(|e| e.name == name).unwrap();
-    let small = idx("ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4_s2_b1_pr");
-    let spilling = idx("ms_bwd_fused_m0_f32_cf32_m128_n64_k32_t8x8_s2_b1_pr");
+    let small = idx("ms_bwd_fused_f32_cf32_m64_n32_k32_t4x4_s2_b1_ps");
+    let spilling = idx("ms_bwd_fused_f32_cf32_m128_n64_k32_t8x8_s2_b1_ps");
     let rows = vec![
-        DispatchEntry { stage: Stage::BwdFusedM0, dtype: Dtype::F32, cf: 32, lmax: 5, kernel: small },
+        DispatchEntry { stage: Stage::BwdFused, dtype: Dtype::F32, cf: 32, lmax: 5, kernel: small },
         // A row naming a non-candidate is ignored (the rules apply).
-        DispatchEntry { stage: Stage::BwdFusedM0, dtype: Dtype::F32, cf: 32, lmax: 6, kernel: spilling },
+        DispatchEntry { stage: Stage::BwdFused, dtype: Dtype::F32, cf: 32, lmax: 6, kernel: spilling },
         // So is a row with an index out of range.
-        DispatchEntry { stage: Stage::BwdFusedM0, dtype: Dtype::F32, cf: 32, lmax: 4, kernel: 10_000 },
+        DispatchEntry { stage: Stage::BwdFused, dtype: Dtype::F32, cf: 32, lmax: 4, kernel: 10_000 },
     ];
     let d = Dispatch::new(&t).with_rows(&rows);
     let none = TileOverride::new();
-    let pick = |lmax| d.select(Stage::BwdFusedM0, Dtype::F32, 32, lmax, &none).unwrap().name;
-    assert_eq!(pick(5), "ms_bwd_fused_m0_f32_cf32_m64_n32_k32_t4x4_s2_b1_pr");
-    assert_eq!(pick(6), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr"); // is_default
-    assert_eq!(pick(4), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr");
-    assert_eq!(pick(3), "ms_bwd_fused_m0_f32_cf32_m128_n32_k32_t8x4_s2_b1_pr"); // no row
+    let pick = |lmax| d.select(Stage::BwdFused, Dtype::F32, 32, lmax, &none).unwrap().name;
+    assert_eq!(pick(5), "ms_bwd_fused_f32_cf32_m64_n32_k32_t4x4_s2_b1_ps");
+    assert_eq!(pick(6), "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps"); // is_default
+    assert_eq!(pick(4), "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps");
+    assert_eq!(pick(3), "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps"); // no row
 }
 
 #[test]
 fn smem_limit_filters_per_lmax() {
     let mut t = relay_entries(Dtype::F32, 32);
     // big: 40000 + 1100 * L*Cf bytes; small: 1000 + 100 * L*Cf.
-    let mut big = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(128, 64, 32, 8, 8), true, true);
+    let mut big = entry(Stage::BwdFused, Dtype::F32, 32, stream(128, 64, 32, 8, 8), true, true);
     big.smem_fixed = 40_000;
     big.smem_per_lg = 1100;
-    let mut small = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, false);
+    let mut small = entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 32, 32, 4, 4), true, false);
     small.smem_fixed = 1000;
     small.smem_per_lg = 100;
-    let mut m1 = entry(Stage::BwdFusedM1, Dtype::F32, 32, gemm(64, 32, 32, 4, 4), true, true);
-    m1.smem_fixed = 1000;
-    m1.smem_per_lg = 100;
     let (big_name, small_name) = (big.name, small.name);
-    t.extend([big, small, m1]);
+    t.extend([big, small]);
     let limit = 232_448u64; // sm_90 opt-in
     let d = Dispatch::new(&t).with_smem_limit(Some(limit));
     let none = TileOverride::new();
     let mut saw_both = (false, false);
     for lmax in 1..=6u32 {
         let need = 40_000 + 1100 * 32 * lmax as u64;
-        let got = d.select(Stage::BwdFusedM0, Dtype::F32, 32, lmax, &none).unwrap().name;
+        let got = d.select(Stage::BwdFused, Dtype::F32, 32, lmax, &none).unwrap().name;
         let want = if need <= limit { big_name } else { small_name };
         assert_eq!(got, want, "lmax {lmax}");
         if want == big_name {
@@ -472,17 +466,17 @@ fn smem_limit_filters_per_lmax() {
     assert_eq!(saw_both, (true, true));
     // A tighter limit: big never fits, and overriding to it is rejected.
     let d = d.with_smem_limit(Some(60_000));
-    let tiles = TileOverride::new().with(Stage::BwdFusedM0, big_name);
-    match d.select(Stage::BwdFusedM0, Dtype::F32, 32, 1, &tiles) {
+    let tiles = TileOverride::new().with(Stage::BwdFused, big_name);
+    match d.select(Stage::BwdFused, Dtype::F32, 32, 1, &tiles) {
         Err(MixError::BadOverride { why, .. }) => assert!(why.contains("shared memory"), "{why}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(d.select(Stage::BwdFusedM0, Dtype::F32, 32, 1, &none).unwrap().name, small_name);
+    assert_eq!(d.select(Stage::BwdFused, Dtype::F32, 32, 1, &none).unwrap().name, small_name);
     // Nothing fits at all: the fused decision at that lmax is relay.
     let d = d.with_smem_limit(Some(1000));
     let dec = d.decide_backward_path_at(Dtype::F32, 32, 2, true);
     assert_eq!(dec.path, Path::Relay);
-    assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFusedM0 });
+    assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
     // The lmax-free decision ignores the limit.
     assert_eq!(d.decide_backward_path(Dtype::F32, 32, true).path, Path::Fused);
 }
@@ -583,7 +577,7 @@ fn shape_arithmetic() {
 
 #[test]
 fn geometry_gemm() {
-    let mut e = entry(Stage::BwdFusedM0, Dtype::F32, 32, gemm(128, 32, 32, 8, 4), true, true);
+    let mut e = entry(Stage::BwdFused, Dtype::F32, 32, gemm(128, 32, 32, 8, 4), true, true);
     e.smem_per_lg = 8;
     e.smem_fixed = 1000;
     let cfg = launch_config(&e, 333, 128, 2, 96, None).unwrap();

@@ -66,7 +66,7 @@ fn bad_values_are_named() {
     let e = load_err(&dir);
     assert!(e.contains("ops.yaml") && e.contains("expo") && e.contains("steps"), "{e}");
 
-    let dir = specs_with("stages.yaml", |t| t.replacen("tiles: fused_m0", "tiles: fused_zero", 1));
+    let dir = specs_with("stages.yaml", |t| t.replacen("tiles: fused\n", "tiles: fused_zero\n", 1));
     let e = load_err(&dir);
     assert!(e.contains("stages.yaml") && e.contains("fused_zero") && e.contains(".tiles"), "{e}");
 
@@ -80,12 +80,16 @@ fn bad_values_are_named() {
     let e = load_err(&dir);
     assert!(e.contains("tiles.yaml") && e.contains("relay_rows[1].min_blocks") && e.contains("positive"), "{e}");
 
-    let dir = specs_with("tiles.yaml", |t| t.replacen("tm: 4, tn: 12,", "tm: 4, tn: 6,", 1));
+    let dir = specs_with("tiles.yaml", |t| t.replacen(
+            "bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 4",
+            "bn: 96, block_k: 16, tm: 8, tn: 6, stages: 2, min_blocks: 4",
+            1,
+        ));
     let e = load_err(&dir);
     assert!(e.contains("tiles.yaml") && e.contains("multiples of 4"), "{e}");
 
     // the fused regime is enforced by the spec check
-    let dir = specs_with("stages.yaml", |t| t.replacen("    cf: [32, 64]\n    tiles: fused_m0", "    cf: [32, 96]\n    tiles: fused_m0", 1));
+    let dir = specs_with("stages.yaml", |t| t.replacen("    cf: [32, 64]\n    tiles: fused\n", "    cf: [32, 96]\n    tiles: fused\n", 1));
     let e = load_err(&dir);
     assert!(e.contains("Cf < 96"), "{e}");
 }
@@ -93,7 +97,7 @@ fn bad_values_are_named() {
 #[test]
 fn a_default_must_name_an_instance() {
     let dir = specs_with("tiles.yaml", |t| {
-        t.replacen("tile: m128_n128_k32_t8x8_s2_b1_ps}", "tile: m128_n128_k32_t8x8_s9_b1_ps}", 1)
+        t.replacen("tile: m64_n64_k16_t8x4_s2_b4_ps}", "tile: m64_n64_k16_t8x4_s9_b4_ps}", 1)
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None)).unwrap_err().to_string();
@@ -109,11 +113,17 @@ fn narrowing_keeps_matching_names_only() {
 }
 
 #[test]
-fn fused_instances_have_block_k_equal_cf() {
+fn fused_instances_stream_with_block_k_dividing_cf() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
-    for i in expand(&s, None).instances.iter().filter(|i| matches!(i.stage, Stage::BwdFusedM0 | Stage::BwdFusedM1)) {
+    let exp = expand(&s, None);
+    let fused: Vec<_> = exp.instances.iter().filter(|i| i.stage == Stage::BwdFused).collect();
+    assert!(!fused.is_empty());
+    for i in fused {
         match i.geometry {
-            Geometry::Gemm { block_k, .. } => assert_eq!(block_k, i.cf, "{}", i.name),
+            Geometry::Gemm { block_k, pipe, .. } => {
+                assert!(i.cf % block_k == 0, "{}", i.name);
+                assert_eq!(pipe, mixstack::kinds::Pipe::Stream, "{}", i.name);
+            }
             _ => panic!("{} is not a GEMM", i.name),
         }
         assert_eq!(i.dtype, Dtype::F32);

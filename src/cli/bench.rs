@@ -33,7 +33,7 @@ pub struct BenchArgs {
     pub reps: usize,
     /// Backward variants to time side by side (default: relay, fused). A
     /// variant is `relay` or `fused`, optionally with kernel overrides:
-    /// `fused:bwd_fused_m0=NAME,bwd_fused_m1=NAME` (canonical names).
+    /// `fused:bwd_fused=NAME` (canonical names).
     #[arg(long = "variant")]
     pub variants: Vec<String>,
     /// Forward variants to time side by side (default: the dispatch

@@ -126,8 +126,8 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 /// run even at the smallest lmax; dispatch skips it where it does not fit.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min: u32) -> Option<String> {
     if let Geometry::Gemm { block_k, .. } = *g {
-        if variant == Variant::Fused && block_k != cf {
-            return Some(format!("fused needs BLOCK_K == Cf, got BLOCK_K {block_k}, Cf {cf}"));
+        if variant == Variant::Fused && !matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Stream, .. }) {
+            return Some("the fused backward streams: it needs pipe: stream".into());
         }
         // K (M0 or M1) is a multiple of Cf; a K chunk must not straddle it.
         if block_k == 0 || !cf.is_multiple_of(block_k) {

@@ -6,6 +6,9 @@ use super::spec::SmemBuf;
 use crate::kinds::{Dtype, Geometry};
 use serde::Serialize;
 
+/// Rows of a `glogit_sub` buffer (templates/stages.cuh: GzRows::GB).
+pub const GLOG_SUB_ROWS: u32 = 16;
+
 /// The largest dynamic shared memory an sm_90 block may opt into.
 pub const SM90_MAX_SMEM: u32 = 227 * 1024;
 
@@ -23,7 +26,8 @@ pub struct Layout {
     pub c_tile: Option<u32>,
     /// Bytes of the fixed part.
     pub fixed: u32,
-    /// Per-LG buffers follow `fixed`, slot i at `fixed + i * rows*LG*size`.
+    /// Per-LG buffers follow `fixed`, slot i at `fixed + i * rows*LG*size`
+    /// (a `glogit_sub` buffer, of fewer rows, comes last).
     pub sig_slot: Option<u32>,
     pub glog_slot: Option<u32>,
     /// Bytes per gate column: launch with `fixed + per_lg * L*Cf`.
@@ -99,6 +103,10 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         }
     }
     l.per_lg = slots * rows * sz;
+    if bufs.contains(&SmemBuf::GlogitSub) {
+        l.glog_slot = Some(slots);
+        l.per_lg += GLOG_SUB_ROWS.min(rows) * sz;
+    }
     l
 }
 

@@ -77,6 +77,9 @@ pub enum SmemBuf {
     GzsRows,
     SigRows,
     GlogitRows,
+    /// g_logit for [`GLOG_SUB_ROWS`](super::layout::GLOG_SUB_ROWS) rows at a
+    /// time (the fused backward's scalar chain, sub-block by sub-block).
+    GlogitSub,
 }
 
 #[derive(Debug, Deserialize)]

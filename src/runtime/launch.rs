@@ -25,7 +25,8 @@ pub const MAX_GRID_YZ: u64 = 65_535;
 pub const MAX_THREADS: u32 = 1024;
 
 /// Launch configuration of `entry` for `e` edges, `n` output columns (GEMM
-/// stages; ignored for row-wise ones), `f` focus streams and gate width `lg`.
+/// stages; ignored for row-wise ones; 0 for a GEMM stage that walks whole
+/// row blocks, the fused backward), `f` focus streams and gate width `lg`.
 /// `resident`: how many blocks of this kernel the device holds at once, if
 /// known; a `pipe: stream` kernel walks its tiles with at most that many
 /// blocks (split over the `f` focus streams), else one block per tile.
@@ -50,7 +51,8 @@ pub fn launch_config(
             }
             // One flat x dimension, column blocks fastest: the blocks that
             // read the same A rows run together and share them through L2.
-            let tiles = (e as u64).div_ceil(block_m as u64) * (n as u64).div_ceil(bn as u64);
+            let col_tiles = if n == 0 { 1 } else { (n as u64).div_ceil(bn as u64) };
+            let tiles = (e as u64).div_ceil(block_m as u64) * col_tiles;
             let blocks = match (pipe, resident) {
                 (Pipe::Stream, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
                 _ => tiles,

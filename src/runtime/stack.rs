@@ -386,7 +386,7 @@ impl<T: Element> Stack<T> {
             let stages: &[Stage] = match decision.path {
                 Path::Relay if gate_blas => &[Stage::BwdGlogit, Stage::BwdGemm],
                 Path::Relay => &[Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGemm],
-                Path::Fused => &[Stage::BwdFusedM0, Stage::BwdFusedM1],
+                Path::Fused => &[Stage::BwdFused],
             };
             for &s in stages {
                 layer.push(self.select(s, &opts.tiles)?);
@@ -821,21 +821,29 @@ impl<T: Element> Stack<T> {
                 }
             }
             Path::Fused if gated > 0 => {
-                let (k_f0, k_f1) = (plan.layer[0], plan.layer[1]);
+                let k_fused = plan.layer[0];
                 for k in (0..gated).rev() {
                     let z_k = p.z_all + k as u64 * z_stride;
                     let (o0, o1, og) = self.layer_offsets(k);
-                    let gw_k = gw + og;
-                    for (kern, wt, n) in [(k_f0, wt0 + o0, m0), (k_f1, wt1 + o1, m1)] {
-                        self.kernels.launch(
-                            stream,
-                            kern,
-                            e,
-                            n,
-                            f,
-                            &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(gwt + og), Arg::Ptr(wt), Arg::Ptr(g_next), ea, la],
-                        )?;
-                    }
+                    // n = 0: the kernel walks whole row blocks (both segments).
+                    self.kernels.launch(
+                        stream,
+                        k_fused,
+                        e,
+                        0,
+                        f,
+                        &[
+                            Arg::Ptr(g),
+                            Arg::Ptr(z_k),
+                            Arg::Ptr(gw + og),
+                            Arg::Ptr(gwt + og),
+                            Arg::Ptr(wt0 + o0),
+                            Arg::Ptr(wt1 + o1),
+                            Arg::Ptr(g_next),
+                            ea,
+                            la,
+                        ],
+                    )?;
                     std::mem::swap(&mut g, &mut g_next);
                 }
             }
@@ -864,7 +872,7 @@ struct BwdPlan {
     grad_alpha: &'static KernelEntry,
     final_: &'static KernelEntry,
     /// Per gated layer: relay [recompute, pointwise, gemm], relay with the
-    /// gate GEMMs by cuBLAS [glogit, gemm], or fused [m0, m1]; empty when
+    /// gate GEMMs by cuBLAS [glogit, gemm], or fused [fused]; empty when
     /// there is no gated layer.
     layer: Vec<&'static KernelEntry>,
     gate_blas: bool,
