@@ -416,9 +416,7 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
 
 // ---------------------------------------------------------------------------
 // cp.async pipeline (PIPE == 1): STAGES chunks in flight, A row-major in
-// shared memory. B always goes async; A goes async when it is a plain
-// surface (!AOp::FIX), else it is computed element by element into shared
-// memory.
+// shared memory, A and B async.
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -465,14 +463,12 @@ __device__ __forceinline__ void mma_chunk_rows(T (&acc)[TM][TN], const T* As, co
 }
 
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int APAD, int SMEM_A,
-          int SMEM_B, int SMEM_C, typename AAt, typename AOp, typename Epi>
-__device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restrict__ B, AAt a_at,
-                                          const AOp& a, Epi epi) {
+          int SMEM_B, int SMEM_C, typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restrict__ B, const AOp& a, Epi epi) {
   typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
   constexpr int W = TL::W;
   constexpr int AK = BK + APAD;  // padded row of the row-major A tile
   constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
-  constexpr bool A_ASYNC = !AOp::FIX;
   static_assert(BK % W == 0 && BN % W == 0, "chunks of whole 16-byte vectors");
   T* As = smem_at<T>(SMEM_A);
   T* Bs = smem_at<T>(SMEM_B);
@@ -491,19 +487,11 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
       const bool ok = n0 + n < N;
       cp_async16(bs + kk * BN + n, B + (ok ? (i64)(k0 + kk) * N + n0 + n : 0), ok ? 16 : 0);
     }
-    if constexpr (A_ASYNC) {
-      for (int v = tid; v < BM * BK / W; v += TL::THREADS) {
-        const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
-        const i64 e = e0 + m;
-        const bool ok = e < E;
-        cp_async16(as + m * AK + k, ok ? a.row(e) + k0 + k : B, ok ? 16 : 0);
-      }
-    } else {
-      for (int idx = tid; idx < BM * BK; idx += TL::THREADS) {
-        const int m = idx / BK, kk = idx - m * BK;
-        const i64 e = e0 + m;
-        as[m * AK + kk] = e < E ? a_at(m, e, k0 + kk) : T(0);
-      }
+    for (int v = tid; v < BM * BK / W; v += TL::THREADS) {
+      const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
+      const i64 e = e0 + m;
+      const bool ok = e < E;
+      cp_async16(as + m * AK + k, ok ? a.row(e) + k0 + k : B, ok ? 16 : 0);
     }
   };
 
@@ -627,12 +615,8 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, const 
   }
 }
 
-// The A operand (a struct of stages.cuh) gives a.row(e), the cp.async source
-// of row e at k = 0, rows a.stride() elements apart; a.tile(e0), run once
-// per tile before its first chunk is used (it may use barriers: every thread
-// calls it; AOp::HOOK says it does work); and, where AOp::FIX,
-// a.fix(m, e, k, raw), the operand element from the landed raw one, applied
-// to each chunk in place.
+// The A operand (SurfaceA, stages.cuh) gives a.row(e), the cp.async source
+// of row e at k = 0, rows a.stride() elements apart.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
           typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
@@ -698,36 +682,9 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
     T* as = As + cst * A_STAGE;
     const i64 e0 = cw.m * BM;
-    // Each thread fixes the pieces it copied itself (the loader's mapping),
-    // so one barrier covers both the landing and the fix; only a tile's
-    // first chunk under a hook (which the fix reads) waits for a second.
-    auto fix_own = [&]() {
-      const int k0 = ckt * BK;
-      copy_a.each([&](int, int m, int k) {
-        const i64 e = e0 + m;
-        if (e < E) {
-          T x[W];
-          Vec<T>::load(as + m * AK + k, x);
-#pragma unroll
-          for (int w = 0; w < W; ++w) x[w] = a.fix(m, e, k0 + k + w, x[w]);
-          Vec<T>::store(as + m * AK + k, x);
-        }
-      });
-    };
-    const bool hook = AOp::HOOK && ckt == 0;
-    if constexpr (AOp::FIX) {
-      if (!hook) fix_own();
-    }
-    __syncthreads();  // chunk q is in (fixed unless hooked); everyone is done with chunk q-1's slot
+    __syncthreads();  // chunk q is in; everyone is done with chunk q-1's slot
     if (lq < nq) load_next();
     cp_async_commit();
-    if (ckt == 0) a.tile(e0);
-    if constexpr (AOp::FIX && AOp::HOOK) {
-      if (hook) {
-        fix_own();
-        __syncthreads();
-      }
-    }
     mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
@@ -908,21 +865,21 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   cp_async_wait<0>();
 }
 
-// The stage bodies' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
-// gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring). PIPE 0
-// and 1 serve one tile per block: the A operand's tile hook runs once, first.
+// The one-segment stages' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
+// gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring); A a
+// plain surface (SurfaceA). The fused backward has its own walk,
+// gemm_rowblock.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int APAD,
           int SMEM_A, int SMEM_B, int SMEM_C, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi) {
   if constexpr (PIPE == 2) {
     gemm_stream<T, BM, BN, BK, TM, TN, STAGES, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
   } else {
-    a.tile(block_row<BM, BN>(N));
-    auto a_at = [&](int m, i64 e, int k) { return a.fix(m, e, k, a.row(e)[k]); };
+    auto a_at = [&](int, i64 e, int k) { return a.row(e)[k]; };
     if constexpr (PIPE == 0) {
       gemm_block<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, epi);
     } else {
-      gemm_pipe<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, a, epi);
+      gemm_pipe<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a, epi);
     }
   }
 }

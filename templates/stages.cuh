@@ -40,18 +40,14 @@ __device__ __forceinline__ void load_rows(T* sh, const T* src, i64 e0, i64 E, in
 }
 
 // --------------------------------------------------------- GEMM operands
-// The A operand of a GEMM stage (the interface is gemm_stream's, core.cuh).
-
-// A plain surface: row e at base + e * ld.
+// The A operand of a one-segment GEMM stage (core.cuh: gemm): a plain
+// surface, row e at base + e * ld. (The fused backward's is GzRows.)
 template <typename T>
 struct SurfaceA {
-  static constexpr bool FIX = false, HOOK = false;
   const T* base;
   i64 ld;
   __device__ __forceinline__ const T* row(i64 e) const { return base + e * ld; }
   __device__ __forceinline__ int stride() const { return (int)ld; }
-  __device__ __forceinline__ void tile(i64) {}
-  __device__ __forceinline__ T fix(int, i64, int, T raw) const { return raw; }
 };
 
 // alpha[i] where applied, else exactly 1 (x * 1 == x bit for bit, no FTZ).
