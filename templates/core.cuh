@@ -615,6 +615,39 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, const 
   }
 }
 
+template <typename T, int TM, int TN>
+__device__ __forceinline__ void zero_acc(T (&acc)[TM][TN]) {
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+}
+
+// A streaming tile's epilogue, straight from registers: epi(e, off + n, v)
+// for the W accumulators of row e, columns n..n+W-1 of the BM x BN tile at
+// (e0, n0) of an E x N output; then the accumulators restart at zero.
+// Interior tiles store without a test per group, so the compiler may issue
+// the epilogue's loads together; edge tiles test each group.
+template <typename T, int BM, int BN, int TM, int TN, typename Epi>
+__device__ __forceinline__ void store_acc_regs(T (&acc)[TM][TN], int ty, int tx, i64 e0, int n0, i64 E, int N,
+                                               int off, Epi& epi) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM;
+  auto store = [&](auto guarded) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const i64 e = e0 + ty + i * TY;
+#pragma unroll
+      for (int j = 0; j < TN; j += W) {
+        const int n = n0 + tx * W + (j / W) * TX * W;
+        if (!decltype(guarded)::value || (e < E && n < N)) epi(e, off + n, &acc[i][j]);
+      }
+    }
+  };
+  if (e0 + BM <= E && n0 + BN <= N) store(std::false_type{});
+  else store(std::true_type{});
+  zero_acc(acc);
+}
+
 // The A operand (SurfaceA, stages.cuh) gives a.row(e), the cp.async source
 // of row e at k = 0, rows a.stride() elements apart.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
@@ -670,12 +703,8 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     if (lq < nq) load_next();
     cp_async_commit();
   }
-
   T acc[TM][TN];
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+  zero_acc(acc);
 
   int ckt = 0, cst = 0;
   for (i64 q = 0; q < nq; ++q) {
@@ -688,26 +717,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
-      const int n0 = cw.n * BN;
-      // Interior tiles store without a test per group, so the compiler may
-      // issue the epilogue's loads together; edge tiles test each group.
-      auto store_acc = [&](auto guarded) {
-#pragma unroll
-        for (int i = 0; i < TM; ++i) {
-          const i64 e = e0 + ty + i * TY;
-#pragma unroll
-          for (int j = 0; j < TN; j += W) {
-            const int n = n0 + tx * W + (j / W) * TX * W;
-            if (!decltype(guarded)::value || (e < E && n < N)) epi(e, n, &acc[i][j]);
-          }
-        }
-      };
-      if (e0 + BM <= E && n0 + BN <= N) store_acc(std::false_type{});
-      else store_acc(std::true_type{});
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+      store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.n * BN, E, N, 0, epi);
       ckt = 0;
       cw.step(dm, dn, ntn);
     }
@@ -801,12 +811,8 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     if (lq < nq) load_next();
     cp_async_commit();
   }
-
   T acc[TM][TN];
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+  zero_acc(acc);
 
   int cst = 0;
   for (i64 q = 0; q < nq; ++q) {
@@ -841,24 +847,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
-      const int n0 = cw.ct * BN, N = cw.s ? seg1.N : seg0.N;
-      auto store_acc = [&](auto guarded) {
-#pragma unroll
-        for (int i = 0; i < TM; ++i) {
-          const i64 e = e0 + ty + i * TY;
-#pragma unroll
-          for (int j = 0; j < TN; j += W) {
-            const int n = n0 + tx * W + (j / W) * TX * W;
-            if (!decltype(guarded)::value || (e < E && n < N)) epi(e, off + n, &acc[i][j]);
-          }
-        }
-      };
-      if (e0 + BM <= E && n0 + BN <= N) store_acc(std::false_type{});
-      else store_acc(std::true_type{});
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+      store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
     }
     cw.step(kt0, kt1, ct0, ct1);
   }
