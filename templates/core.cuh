@@ -4,7 +4,8 @@
 //
 // Bit-for-bit contract between the relay and the fused backward:
 //   * every pointwise value goes through the same functions below
-//     (compute_sig_rows, compute_glogit_rows, compute_gzs_rows, gz_of),
+//     (compute_sig_rows, compute_glogit_rows, compute_gzs_rows, gz_of and
+//     gate_at; the fused GzRows::fix is gz_of for 4 columns at once),
 //     which call the same op_* in the same order;
 //   * every dot (rows_gemm, mma_chunk) accumulates op_dot_step over
 //     k = 0..K-1 in ascending order starting from zero; a GEMM output then

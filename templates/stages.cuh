@@ -457,8 +457,8 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
 template <typename T, int CF, int BM, int THREADS, typename S>
 struct GzRows {
   // Rows of the g_logit buffer (src/codegen/layout.rs: GLOG_SUB_ROWS).
-  static constexpr int GB = BM < 16 ? BM : 16;
-  static_assert(BM % GB == 0, "whole g_logit sub-blocks");
+  static constexpr int GB = S::glog_rows;
+  static_assert(GB > 0 && BM % GB == 0, "whole g_logit sub-blocks");
   const T* gf;
   const T* zf;
   const T* gwf;

@@ -479,6 +479,33 @@ fn fused_bitwise_equals_relay_every_tile() {
     }
 }
 
+/// The persistent walk: with E = 100,001 every fused block walks several row
+/// blocks (4 blocks of 64 rows per SM hold 528 x 64 = 33,792 rows at once on
+/// an H200; 6 of 32 rows, 25,344), so each block's per-row work runs again
+/// over the shared buffers of its previous row block, and the L2 prefetch
+/// of the next one is taken. Every fused tile, bitwise against the relay.
+#[test]
+fn fused_persistent_walk_bitwise() {
+    let name = "fused_persistent_walk_bitwise";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    for (cf, lmax) in [(32u32, 2u32), (64, 1)] {
+        let shape = Shape { f: 1, e: 100_001, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
+        let p = Problem::random(&mut rng, shape, true);
+        let st = make_stack::<f32>(&g, &p);
+        let relay = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+        for k in st.dispatch().candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax) {
+            let tiles = TileOverride::new().with(Stage::BwdFused, k.name);
+            let fused = run(&g, &st, &p, &BackwardOptions::fused().with_tiles(tiles)).unwrap();
+            assert_eq!(fused.decision.path, Path::Fused, "{}", fused.decision);
+            let what = format!("{} with {}", p.describe(), k.name);
+            assert!(bits(&fused.grad_u0) == bits(&relay.grad_u0), "grad_u0 differs bitwise: {what}");
+            assert!(bits(&fused.grad_alpha) == bits(&relay.grad_alpha), "grad_alpha differs bitwise: {what}");
+            println!("ok bitwise {what}");
+        }
+    }
+}
+
 // ----------------------------------------------------------------------
 // dispatch: switch and fallbacks
 // ----------------------------------------------------------------------

@@ -589,6 +589,22 @@ fn geometry_gemm() {
 }
 
 #[test]
+fn geometry_fused_walks_row_blocks() {
+    // The fused stage is launched with n = 0: one work item per row block
+    // (its blocks walk both segments of each), at most the resident blocks.
+    let e = entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 64, 16, 8, 4), true, true);
+    assert_eq!(e.threads, 128);
+    let cfg = launch_config(&e, 646_000, 0, 2, 96, Some(528)).unwrap();
+    assert_eq!(cfg.grid_dim, (264, 1, 2));
+    // 333 edges: 6 row blocks per focus, one block each.
+    let cfg = launch_config(&e, 333, 0, 2, 96, Some(528)).unwrap();
+    assert_eq!(cfg.grid_dim, (6, 1, 2));
+    // unknown residency: one block per row block
+    let cfg = launch_config(&e, 646_000, 0, 1, 96, None).unwrap();
+    assert_eq!(cfg.grid_dim, (646_000u32.div_ceil(64), 1, 1));
+}
+
+#[test]
 fn geometry_stream_launches_at_most_the_resident_blocks() {
     let g = Geometry::Gemm {
         block_m: 128,

@@ -16,6 +16,7 @@ struct Smem {
   static constexpr int fixed = 53248;
   static constexpr int sig_slot = -1;
   static constexpr int glog_slot = -1;
+  static constexpr int glog_rows = -1;
 };
 }  // namespace
 

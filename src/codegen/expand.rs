@@ -129,6 +129,10 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
         if variant == Variant::Fused && !matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Stream, .. }) {
             return Some("the fused backward streams: it needs pipe: stream".into());
         }
+        let sub = super::layout::GLOG_SUB_ROWS;
+        if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {
+            return Some(format!("the fused backward forms g_logit {sub} rows at a time: BLOCK_M must be a multiple of {sub}"));
+        }
         // K (M0 or M1) is a multiple of Cf; a K chunk must not straddle it.
         if block_k == 0 || !cf.is_multiple_of(block_k) {
             return Some(format!("BLOCK_K {block_k} does not divide Cf {cf}"));

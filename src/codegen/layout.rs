@@ -6,7 +6,9 @@ use super::spec::SmemBuf;
 use crate::kinds::{Dtype, Geometry};
 use serde::Serialize;
 
-/// Rows of a `glogit_sub` buffer (templates/stages.cuh: GzRows::GB).
+/// Rows of a `glogit_sub` buffer at most (the kernel reads the rows it got
+/// as the rendered constant `glog_rows`): g_logit is formed that many rows
+/// at a time, so BLOCK_M must be at most this or a multiple of it.
 pub const GLOG_SUB_ROWS: u32 = 16;
 
 /// The largest dynamic shared memory an sm_90 block may opt into.
@@ -27,9 +29,12 @@ pub struct Layout {
     /// Bytes of the fixed part.
     pub fixed: u32,
     /// Per-LG buffers follow `fixed`, slot i at `fixed + i * rows*LG*size`
-    /// (a `glogit_sub` buffer, of fewer rows, comes last).
+    /// (a `glogit_sub` buffer, of `glog_rows` rows, comes last).
     pub sig_slot: Option<u32>,
     pub glog_slot: Option<u32>,
+    /// Rows of the g_logit buffer: `rows`, or min(rows, GLOG_SUB_ROWS) for
+    /// a `glogit_sub` one.
+    pub glog_rows: Option<u32>,
     /// Bytes per gate column: launch with `fixed + per_lg * L*Cf`.
     pub per_lg: u32,
 }
@@ -62,6 +67,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         fixed: 0,
         sig_slot: None,
         glog_slot: None,
+        glog_rows: None,
         per_lg: 0,
     };
     for b in bufs {
@@ -97,6 +103,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
             }
             SmemBuf::GlogitRows => {
                 l.glog_slot = Some(slots);
+                l.glog_rows = Some(rows);
                 slots += 1;
             }
             _ => {}
@@ -104,8 +111,10 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     }
     l.per_lg = slots * rows * sz;
     if bufs.contains(&SmemBuf::GlogitSub) {
+        let sub = GLOG_SUB_ROWS.min(rows);
         l.glog_slot = Some(slots);
-        l.per_lg += GLOG_SUB_ROWS.min(rows) * sz;
+        l.glog_rows = Some(sub);
+        l.per_lg += sub * sz;
     }
     l
 }

@@ -172,6 +172,7 @@ impl Renderer {
             ("fixed", l.fixed.into()),
             ("sig_slot", opt(l.sig_slot)),
             ("glog_slot", opt(l.glog_slot)),
+            ("glog_rows", opt(l.glog_rows)),
         ];
         let mut ctx = tera::Context::new();
         ctx.insert("name", &inst.name);

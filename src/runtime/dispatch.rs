@@ -339,7 +339,7 @@ impl<'t> Dispatch<'t> {
             )));
         }
         if !dispatchable(e) {
-            return Err(bad("does not have BLOCK_K == Cf".into()));
+            return Err(bad("is not a streaming tile whose BLOCK_K divides Cf".into()));
         }
         if !self.fits(e, lmax) {
             return Err(bad(format!(
