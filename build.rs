@@ -7,11 +7,11 @@
 // The generator is library code too (tests, `mixstack report`); the build
 // script uses part of it.
 #[allow(dead_code)]
-#[path = "src/kinds.rs"]
-mod kinds;
-#[allow(dead_code)]
 #[path = "src/codegen/mod.rs"]
 mod codegen;
+#[allow(dead_code)]
+#[path = "src/kinds.rs"]
+mod kinds;
 
 use std::path::PathBuf;
 

@@ -283,7 +283,8 @@ fn check_aligned(t: &Tensor, elem: usize) -> Result<(), Fail> {
 
 /// Outputs must not overlap each other or any input.
 fn check_no_overlap(outputs: &[Tensor], inputs: &[Tensor]) -> Result<(), Fail> {
-    let overlap = |a: &Tensor, b: &Tensor| a.bytes > 0 && b.bytes > 0 && a.ptr < b.ptr + b.bytes && b.ptr < a.ptr + a.bytes;
+    let overlap =
+        |a: &Tensor, b: &Tensor| a.bytes > 0 && b.bytes > 0 && a.ptr < b.ptr + b.bytes && b.ptr < a.ptr + a.bytes;
     for (i, o) in outputs.iter().enumerate() {
         for other in outputs[i + 1..].iter().chain(inputs) {
             if overlap(o, other) {
@@ -318,9 +319,7 @@ fn dim(name: &str, v: i64, min: i64) -> Result<usize, Fail> {
 }
 
 fn bytes_of(len: usize, elem: usize, e: usize, what: &'static str) -> Result<u64, Fail> {
-    len.checked_mul(elem)
-        .map(|b| b as u64)
-        .ok_or_else(|| Fail::from(MixError::SizeOverflow { e: e as u64, what }))
+    len.checked_mul(elem).map(|b| b as u64).ok_or_else(|| Fail::from(MixError::SizeOverflow { e: e as u64, what }))
 }
 
 fn path_mode(path: c_int) -> Result<FusedMode, Fail> {
@@ -450,9 +449,7 @@ fn create_typed<T: Element>(a: &CreateArgs, wrap: fn(Stack<T>) -> Inner) -> Resu
     let w0 = download::<T>(&stream, a.w0.ptr, w0_len, "w0")?;
     let w1 = download::<T>(&stream, a.w1.ptr, w1_len, "w1")?;
     let gw = download::<T>(&stream, a.gw.ptr, gw_len, "gw")?;
-    stream
-        .synchronize()
-        .map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("waiting for the weight download: {e}")))?;
+    stream.synchronize().map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("waiting for the weight download: {e}")))?;
     // The stack's weights live on the context's legacy default stream, not
     // on the caller's stream: they are freed at destroy, when the caller's
     // stream may be gone. `Stack::new` waits for the upload.
@@ -487,12 +484,8 @@ pub unsafe extern "C" fn mixstack_stack_create(
         }
         let device = usize::try_from(device)
             .map_err(|_| fail(MIXSTACK_ERR_BAD_ARGUMENT, format!("device = {device} is negative")))?;
-        let shape = StackShape::new(
-            dim("F", f, 1)?,
-            dim("Cf", cf, 1)?,
-            dim("lmax", lmax, 1)?,
-            dim("n_layers", n_layers, 1)?,
-        );
+        let shape =
+            StackShape::new(dim("F", f, 1)?, dim("Cf", cf, 1)?, dim("lmax", lmax, 1)?, dim("n_layers", n_layers, 1)?);
         let t = |name, p| Tensor { name, ptr: dptr(p), bytes: 0 };
         let args =
             CreateArgs { device, shape, w0: t("w0", w0_dev), w1: t("w1", w1_dev), gw: t("gw", gw_dev), cu_stream };

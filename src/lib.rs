@@ -5,5 +5,5 @@ pub mod capi;
 pub mod codegen;
 pub mod kinds;
 pub mod reference;
-pub mod vectors;
 pub mod runtime;
+pub mod vectors;

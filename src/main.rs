@@ -37,9 +37,7 @@ fn main() -> ExitCode {
         Some(Command::Report { json }) => cli::report::run(json),
         Some(Command::Verify { vectors }) => cli::verify::run(vectors.as_deref()),
         Some(Command::Bench(args)) => cli::bench::run(&args),
-        None => cli::report::run(false)
-            .and_then(|_| cli::verify::run(None))
-            .and_then(|_| cli::bench::run_default()),
+        None => cli::report::run(false).and_then(|_| cli::verify::run(None)).and_then(|_| cli::bench::run_default()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -119,10 +119,7 @@ struct LayerWeights<'a> {
 fn layer_weights<'a>(s: &Shape, w: &Weights<'a>, layer: usize, f: usize) -> LayerWeights<'a> {
     let (m0, m1) = (s.m0(), s.m1());
     let i = layer * s.f + f;
-    LayerWeights {
-        w0: &w.w0[i * m0 * m0..(i + 1) * m0 * m0],
-        w1: &w.w1[i * m1 * m1..(i + 1) * m1 * m1],
-    }
+    LayerWeights { w0: &w.w0[i * m0 * m0..(i + 1) * m0 * m0], w1: &w.w1[i * m1 * m1..(i + 1) * m1 * m1] }
 }
 
 /// GW[layer, f]: (Cf, LG), (in, out).
@@ -135,15 +132,7 @@ fn gate_weights<'a>(s: &Shape, w: &Weights<'a>, layer: usize, f: usize) -> &'a [
 /// `dst[:, off..off+n] = x[:, off..off+k] @ w` for a row-major (k, n) matrix `w`,
 /// where `x` and `dst` are (E, ROW) with row stride `stride`. Used with
 /// k == n (square block weights), so input and output share the column offset.
-fn block_gemm(
-    x: &[f64],
-    dst: &mut [f64],
-    stride: usize,
-    off: usize,
-    w: &[f64],
-    k: usize,
-    n: usize,
-) {
+fn block_gemm(x: &[f64], dst: &mut [f64], stride: usize, off: usize, w: &[f64], k: usize, n: usize) {
     debug_assert_eq!(w.len(), k * n);
     for (xr, dr) in x.chunks_exact(stride).zip(dst.chunks_exact_mut(stride)) {
         let xin = &xr[off..off + k];
@@ -160,15 +149,7 @@ fn block_gemm(
 
 /// `dst[:, off..off+k] = x[:, off..off+n] @ w^T` for a row-major (k, n) matrix `w`
 /// (the transpose-GEMM of the backward).
-fn block_gemm_t(
-    x: &[f64],
-    dst: &mut [f64],
-    stride: usize,
-    off: usize,
-    w: &[f64],
-    k: usize,
-    n: usize,
-) {
+fn block_gemm_t(x: &[f64], dst: &mut [f64], stride: usize, off: usize, w: &[f64], k: usize, n: usize) {
     debug_assert_eq!(w.len(), k * n);
     for (xr, dr) in x.chunks_exact(stride).zip(dst.chunks_exact_mut(stride)) {
         let xin = &xr[off..off + n];
@@ -223,13 +204,7 @@ fn gate_sigmoid(s: &Shape, gw: &[f64], zrow: &[f64]) -> Vec<f64> {
 
 /// Forward pass. Returns `(out (E, F, ROW), z_all (n_layers-1, F, E, ROW))`;
 /// `out` includes the alpha scaling when `apply_alpha`.
-pub fn forward(
-    s: &Shape,
-    w: &Weights,
-    u0: &[f64],
-    alpha: &[f64],
-    apply_alpha: bool,
-) -> (Vec<f64>, Vec<f64>) {
+pub fn forward(s: &Shape, w: &Weights, u0: &[f64], alpha: &[f64], apply_alpha: bool) -> (Vec<f64>, Vec<f64>) {
     check_shape(s, w);
     assert_eq!(u0.len(), s.u0_len(), "u0 length");
     assert_eq!(alpha.len(), s.alpha_len(), "alpha length");
@@ -269,11 +244,7 @@ pub fn forward(
         let lw = layer_weights(s, w, s.n_layers - 1, f);
         let mixed = mix_forward(s, &lw, &u);
         for ei in 0..e {
-            let scale = if apply_alpha {
-                alpha[ei * fn_ + f]
-            } else {
-                1.0
-            };
+            let scale = if apply_alpha { alpha[ei * fn_ + f] } else { 1.0 };
             let dst = &mut out[(ei * fn_ + f) * row..(ei * fn_ + f + 1) * row];
             let ur = &u[ei * row..(ei + 1) * row];
             let mr = &mixed[ei * row..(ei + 1) * row];
@@ -340,11 +311,7 @@ pub fn backward(
             let z = &z_all[zoff..zoff + per_focus];
 
             let mut gz = vec![0.0; per_focus];
-            for ((gr, zr), gzr) in g
-                .chunks_exact(row)
-                .zip(z.chunks_exact(row))
-                .zip(gz.chunks_exact_mut(row))
-            {
+            for ((gr, zr), gzr) in g.chunks_exact(row).zip(z.chunks_exact(row)).zip(gz.chunks_exact_mut(row)) {
                 let sig = gate_sigmoid(s, gw, zr);
                 // silu' on the scalar slice
                 for c in 0..cf {
@@ -365,9 +332,7 @@ pub fn backward(
                 // gate path: gz_s += (g_sig * sig * (1 - sig)) @ GW^T
                 for c in 0..cf {
                     let wrow = &gw[c * lg..(c + 1) * lg];
-                    let acc: f64 = (0..lg)
-                        .map(|j| g_sig[j] * sig[j] * (1.0 - sig[j]) * wrow[j])
-                        .sum();
+                    let acc: f64 = (0..lg).map(|j| g_sig[j] * sig[j] * (1.0 - sig[j]) * wrow[j]).sum();
                     gzr[c] += acc;
                 }
             }
@@ -391,12 +356,7 @@ pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
     if a.iter().chain(b).any(|x| !x.is_finite()) {
         return f64::INFINITY;
     }
-    let diff: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum::<f64>()
-        .sqrt();
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
     let norm: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
     if diff == 0.0 {
         0.0

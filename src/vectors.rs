@@ -48,11 +48,7 @@ pub struct Case {
 impl Case {
     /// The f64 weights as a [`Weights`] view for [`crate::reference`].
     pub fn weights(&self) -> Weights<'_> {
-        Weights {
-            w0: &self.w0,
-            w1: &self.w1,
-            gw: &self.gw,
-        }
+        Weights { w0: &self.w0, w1: &self.w1, gw: &self.gw }
     }
 }
 
@@ -77,26 +73,13 @@ pub enum VectorError {
     },
 
     #[error("{}: case {case}: {problem}", .path.display())]
-    BadCase {
-        path: PathBuf,
-        case: usize,
-        problem: String,
-    },
+    BadCase { path: PathBuf, case: usize, problem: String },
 
     #[error("{}: case {case}: tensor `{tensor}` is not listed", .path.display())]
-    MissingTensor {
-        path: PathBuf,
-        case: usize,
-        tensor: &'static str,
-    },
+    MissingTensor { path: PathBuf, case: usize, tensor: &'static str },
 
     #[error("{}: case {case}, tensor `{tensor}`: {problem}", .path.display())]
-    BadTensor {
-        path: PathBuf,
-        case: usize,
-        tensor: &'static str,
-        problem: String,
-    },
+    BadTensor { path: PathBuf, case: usize, tensor: &'static str, problem: String },
 
     #[error(
         "{}: case {case}, tensor `{tensor}`: {found} bytes, expected {expected} ({elems} elements of {itemsize} bytes)",
@@ -154,28 +137,17 @@ struct ManifestTensor {
 pub fn load_dir(dir: &Path) -> Result<Vec<Case>, VectorError> {
     let manifest_path = dir.join("manifest.json");
     let text = read_bytes(&manifest_path)?;
-    let cases: Vec<ManifestCase> =
-        serde_json::from_slice(&text).map_err(|source| VectorError::ManifestJson {
-            path: manifest_path.clone(),
-            source,
-        })?;
-    cases
-        .iter()
-        .map(|mc| load_case(dir, &manifest_path, mc))
-        .collect()
+    let cases: Vec<ManifestCase> = serde_json::from_slice(&text)
+        .map_err(|source| VectorError::ManifestJson { path: manifest_path.clone(), source })?;
+    cases.iter().map(|mc| load_case(dir, &manifest_path, mc)).collect()
 }
 
 fn read_bytes(path: &Path) -> Result<Vec<u8>, VectorError> {
     std::fs::read(path).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
-            VectorError::MissingFile {
-                path: path.to_path_buf(),
-            }
+            VectorError::MissingFile { path: path.to_path_buf() }
         } else {
-            VectorError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
+            VectorError::Io { path: path.to_path_buf(), source }
         }
     })
 }
@@ -211,48 +183,25 @@ struct CaseLoader<'a> {
 impl CaseLoader<'_> {
     /// Check the manifest entry of `tensor` against `dims`/`dtype`, read its
     /// file and check the byte length; returns the raw bytes.
-    fn raw(
-        &self,
-        tensor: &'static str,
-        dims: &[usize],
-        dtype: DType,
-    ) -> Result<Vec<u8>, VectorError> {
+    fn raw(&self, tensor: &'static str, dims: &[usize], dtype: DType) -> Result<Vec<u8>, VectorError> {
         let case = self.mc.case;
-        let entry = self
-            .mc
-            .tensors
-            .get(tensor)
-            .ok_or_else(|| VectorError::MissingTensor {
-                path: self.manifest_path.to_path_buf(),
-                case,
-                tensor,
-            })?;
-        let bad = |problem: String| VectorError::BadTensor {
+        let entry = self.mc.tensors.get(tensor).ok_or_else(|| VectorError::MissingTensor {
             path: self.manifest_path.to_path_buf(),
             case,
             tensor,
-            problem,
-        };
+        })?;
+        let bad =
+            |problem: String| VectorError::BadTensor { path: self.manifest_path.to_path_buf(), case, tensor, problem };
         // The file must be a plain name inside `dir`.
         let rel = Path::new(&entry.file);
         if entry.file.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
-            return Err(bad(format!(
-                "file name {:?} is not a plain relative path",
-                entry.file
-            )));
+            return Err(bad(format!("file name {:?} is not a plain relative path", entry.file)));
         }
         if entry.dtype != dtype.name() {
-            return Err(bad(format!(
-                "dtype {:?}, expected {:?}",
-                entry.dtype,
-                dtype.name()
-            )));
+            return Err(bad(format!("dtype {:?}, expected {:?}", entry.dtype, dtype.name())));
         }
         if entry.shape != dims {
-            return Err(bad(format!(
-                "shape {:?}, expected {:?} for the case's shape",
-                entry.shape, dims
-            )));
+            return Err(bad(format!("shape {:?}, expected {:?} for the case's shape", entry.shape, dims)));
         }
         let path = self.dir.join(rel);
         let elems = dims
@@ -277,18 +226,12 @@ impl CaseLoader<'_> {
 
     fn f32s(&self, tensor: &'static str, dims: &[usize]) -> Result<Vec<f32>, VectorError> {
         let bytes = self.raw(tensor, dims, DType::F32)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect())
+        Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
     }
 
     fn f64s(&self, tensor: &'static str, dims: &[usize]) -> Result<Vec<f64>, VectorError> {
         let bytes = self.raw(tensor, dims, DType::F64)?;
-        Ok(bytes
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-            .collect())
+        Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
     }
 }
 
@@ -307,27 +250,14 @@ fn load_case(dir: &Path, manifest_path: &Path, mc: &ManifestCase) -> Result<Case
     }
     // Keep every derived dimension well inside usize.
     let limit = 1usize << 24;
-    if [mc.f, mc.e, mc.cf, mc.lmax, mc.n_layers]
-        .iter()
-        .any(|&d| d > limit)
-    {
+    if [mc.f, mc.e, mc.cf, mc.lmax, mc.n_layers].iter().any(|&d| d > limit) {
         return Err(bad_case("a dimension is implausibly large"));
     }
-    let shape = Shape {
-        f: mc.f,
-        e: mc.e,
-        cf: mc.cf,
-        lmax: mc.lmax,
-        n_layers: mc.n_layers,
-    };
+    let shape = Shape { f: mc.f, e: mc.e, cf: mc.cf, lmax: mc.lmax, n_layers: mc.n_layers };
     let (f, e, nl, ng) = (shape.f, shape.e, shape.n_layers, shape.n_layers - 1);
     let (row, m0, m1, cf, lg) = (shape.row(), shape.m0(), shape.m1(), shape.cf, shape.lg());
 
-    let ld = CaseLoader {
-        dir,
-        manifest_path,
-        mc,
-    };
+    let ld = CaseLoader { dir, manifest_path, mc };
     let u0_f32 = ld.f32s("u0", &[f, e, row])?;
     let alpha_f32 = ld.f32s("alpha", &[e, f])?;
     let w0_f32 = ld.f32s("w0", &[nl, f, m0, m0])?;

@@ -124,9 +124,8 @@ fn last_error_is_empty_on_a_fresh_thread_and_per_thread() {
 
 #[test]
 fn create_null_out_pointer() {
-    let rc = unsafe {
-        mixstack_stack_create(0, 0, 2, 32, 3, 3, fake(256), fake(512), fake(1024), null_mut(), null_mut())
-    };
+    let rc =
+        unsafe { mixstack_stack_create(0, 0, 2, 32, 3, 3, fake(256), fake(512), fake(1024), null_mut(), null_mut()) };
     assert_fails(rc, mixstack_status::MIXSTACK_ERR_NULL_POINTER, &last_error(), &["`out`"]);
 }
 
@@ -240,7 +239,16 @@ fn create_with_valid_arguments_fails_cleanly_without_memory() {
 fn forward_null_handle() {
     for e in [0i64, 1, 1000] {
         let rc = unsafe {
-            mixstack_forward(null_mut(), e, fake(256), fake(512), 1, fake(1024) as *mut _, fake(2048) as *mut _, null_mut())
+            mixstack_forward(
+                null_mut(),
+                e,
+                fake(256),
+                fake(512),
+                1,
+                fake(1024) as *mut _,
+                fake(2048) as *mut _,
+                null_mut(),
+            )
         };
         assert_fails(rc, mixstack_status::MIXSTACK_ERR_NULL_POINTER, &last_error(), &["handle"]);
     }
@@ -256,7 +264,19 @@ fn forward_negative_edges() {
 fn backward_bad_path_code() {
     for path in [-1, 3, 42] {
         let rc = unsafe {
-            mixstack_backward(null_mut(), 10, null(), null(), null(), null(), 1, null_mut(), null_mut(), path, null_mut())
+            mixstack_backward(
+                null_mut(),
+                10,
+                null(),
+                null(),
+                null(),
+                null(),
+                1,
+                null_mut(),
+                null_mut(),
+                path,
+                null_mut(),
+            )
         };
         assert_fails(rc, mixstack_status::MIXSTACK_ERR_BAD_ARGUMENT, &last_error(), &["path", &path.to_string()]);
     }
@@ -266,7 +286,19 @@ fn backward_bad_path_code() {
 fn backward_null_handle_and_negative_edges() {
     for path in [MIXSTACK_PATH_AUTO, MIXSTACK_PATH_RELAY, MIXSTACK_PATH_FUSED] {
         let rc = unsafe {
-            mixstack_backward(null_mut(), 7, null(), null(), null(), null(), 1, null_mut(), null_mut(), path, null_mut())
+            mixstack_backward(
+                null_mut(),
+                7,
+                null(),
+                null(),
+                null(),
+                null(),
+                1,
+                null_mut(),
+                null_mut(),
+                path,
+                null_mut(),
+            )
         };
         assert_fails(rc, mixstack_status::MIXSTACK_ERR_NULL_POINTER, &last_error(), &["handle"]);
     }
@@ -356,8 +388,7 @@ fn header_declares_every_exported_function() {
         assert!(exported.iter().any(|n| n == name), "src/capi.rs does not export {name}: {exported:?}");
     }
     let code = header_code();
-    let declared: Vec<String> =
-        ident_before_paren(&code).into_iter().filter(|n| n.starts_with("mixstack_")).collect();
+    let declared: Vec<String> = ident_before_paren(&code).into_iter().filter(|n| n.starts_with("mixstack_")).collect();
     for name in &exported {
         assert!(declared.contains(name), "include/mixstack.h does not declare {name} (declared: {declared:?})");
         // Its declaration line (a return type first), and a comment right above.

@@ -23,7 +23,8 @@ use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::switch::FUSED_ENV;
 use mixstack::runtime::table::{Dtype, Stage};
 use mixstack::runtime::{
-    open_device, GateGemm, BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, PathDecision, Stack, StackShape,
+    open_device, BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, GateGemm, PathDecision, Stack,
+    StackShape,
 };
 use mixstack::vectors;
 
@@ -571,7 +572,11 @@ fn every_tile_bitwise(g: &Gpu, p: &Problem, stages: &[Stage]) {
         for (stage, list) in stages.iter().zip(&lists) {
             let k = list[i % list.len()];
             used.push(k.name);
-            if FORWARD_STAGES.contains(stage) { fwd.set(*stage, k.name) } else { bwd.set(*stage, k.name) }
+            if FORWARD_STAGES.contains(stage) {
+                fwd.set(*stage, k.name)
+            } else {
+                bwd.set(*stage, k.name)
+            }
         }
         let (out, z_all) = st.forward_with(s, &u0, &alpha, true, &fwd).unwrap();
         let (gu, ga, _) =
@@ -601,7 +606,9 @@ fn gate_gemms_on_cublas_from_cf96() {
     let name = "gate_gemms_on_cublas_from_cf96";
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
-    for (cf, lmax, e, f, n_layers) in [(96usize, 3usize, 333usize, 2usize, 3usize), (128, 6, 77, 1, 2), (128, 1, 1, 3, 4), (96, 5, 1000, 2, 3)] {
+    for (cf, lmax, e, f, n_layers) in
+        [(96usize, 3usize, 333usize, 2usize, 3usize), (128, 6, 77, 1, 2), (128, 1, 1, 3, 4), (96, 5, 1000, 2, 3)]
+    {
         let shape = Shape { f, e, cf, lmax, n_layers };
         gate_paths::<f32>(&g, &mut rng, shape);
         gate_paths::<f64>(&g, &mut rng, shape);
@@ -641,7 +648,8 @@ fn gate_paths<T: TestElem>(g: &Gpu, rng: &mut StdRng, shape: Shape) {
     let d = st.dispatch();
     let (cf, lmax) = (shape.cf as u32, shape.lmax as u32);
     let rec = d.default_for(Stage::BwdRecompute, T::DTYPE, cf, lmax).unwrap();
-    let (u0, alpha, go) = (upload::<T>(&g.stream, &p.u0), upload::<T>(&g.stream, &p.alpha), upload::<T>(&g.stream, &p.grad_out));
+    let (u0, alpha, go) =
+        (upload::<T>(&g.stream, &p.u0), upload::<T>(&g.stream, &p.alpha), upload::<T>(&g.stream, &p.grad_out));
     let (out, z_all) = st.forward(&g.stream, &u0, &alpha, true).unwrap();
     st.set_profiling(true);
     let opts = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdRecompute, rec.name));
@@ -816,8 +824,7 @@ fn bad_inputs_are_typed_errors() {
         st.backward(s, &odd, &out, &z_all, &alpha, true, &relay),
         Err(MixError::BufferNotMultiple { tensor: "grad_out", .. })
     ));
-    let bad_tile =
-        BackwardOptions::fused().with_tiles(TileOverride::new().with(Stage::BwdFused, "ms_no_such_kernel"));
+    let bad_tile = BackwardOptions::fused().with_tiles(TileOverride::new().with(Stage::BwdFused, "ms_no_such_kernel"));
     assert!(matches!(st.backward(s, &go, &out, &z_all, &alpha, true, &bad_tile), Err(MixError::BadOverride { .. })));
     let wrong_stage = Dispatch::builtin().default_for(Stage::BwdGemm, Dtype::F32, 32, 2).unwrap().name;
     let bad_tile = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdFused, wrong_stage));

@@ -46,13 +46,9 @@ fn vectors_load_with_consistent_lengths() {
 #[test]
 fn forward_matches_vectors() {
     for c in load_cases() {
-        let (out, z_all) =
-            reference::forward(&c.shape, &c.weights(), &c.u0, &c.alpha, c.apply_alpha);
+        let (out, z_all) = reference::forward(&c.shape, &c.weights(), &c.u0, &c.alpha, c.apply_alpha);
         let (eo, ez) = (rel_err(&out, &c.out), rel_err(&z_all, &c.z_all));
-        println!(
-            "case {} {:?} alpha={}: out {eo:.3e}, z_all {ez:.3e}",
-            c.index, c.shape, c.apply_alpha
-        );
+        println!("case {} {:?} alpha={}: out {eo:.3e}, z_all {ez:.3e}", c.index, c.shape, c.apply_alpha);
         assert!(eo <= VEC_TOL, "case {}: out rel err {eo:e}", c.index);
         assert!(ez <= VEC_TOL, "case {}: z_all rel err {ez:e}", c.index);
     }
@@ -63,46 +59,22 @@ fn backward_matches_vectors() {
     for c in load_cases() {
         let w = c.weights();
         // From the vectors' own saved forward outputs...
-        let (gu, ga) = reference::backward(
-            &c.shape,
-            &w,
-            &c.grad_out,
-            &c.out,
-            &c.z_all,
-            &c.alpha,
-            c.apply_alpha,
-        );
+        let (gu, ga) = reference::backward(&c.shape, &w, &c.grad_out, &c.out, &c.z_all, &c.alpha, c.apply_alpha);
         // ...and end to end from this reference's forward.
         let (out, z_all) = reference::forward(&c.shape, &w, &c.u0, &c.alpha, c.apply_alpha);
-        let (gu2, ga2) = reference::backward(
-            &c.shape,
-            &w,
-            &c.grad_out,
-            &out,
-            &z_all,
-            &c.alpha,
-            c.apply_alpha,
-        );
+        let (gu2, ga2) = reference::backward(&c.shape, &w, &c.grad_out, &out, &z_all, &c.alpha, c.apply_alpha);
         let errs = [
             ("grad_u0", rel_err(&gu, &c.grad_u0)),
             ("grad_alpha", rel_err(&ga, &c.grad_alpha)),
             ("grad_u0 (end to end)", rel_err(&gu2, &c.grad_u0)),
             ("grad_alpha (end to end)", rel_err(&ga2, &c.grad_alpha)),
         ];
-        println!(
-            "case {}: {:?}",
-            c.index,
-            errs.map(|(n, e)| format!("{n} {e:.3e}"))
-        );
+        println!("case {}: {:?}", c.index, errs.map(|(n, e)| format!("{n} {e:.3e}")));
         for (name, e) in errs {
             assert!(e <= VEC_TOL, "case {}: {name} rel err {e:e}", c.index);
         }
         if !c.apply_alpha {
-            assert!(
-                ga.iter().all(|&x| x == 0.0),
-                "case {}: grad_alpha must be zeros",
-                c.index
-            );
+            assert!(ga.iter().all(|&x| x == 0.0), "case {}: grad_alpha must be zeros", c.index);
         }
     }
 }
@@ -122,35 +94,18 @@ struct Problem {
 impl Problem {
     fn random(s: Shape, seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut uni = |n: usize, scale: f64| -> Vec<f64> {
-            (0..n).map(|_| rng.gen_range(-1.0..1.0) * scale).collect()
-        };
+        let mut uni = |n: usize, scale: f64| -> Vec<f64> { (0..n).map(|_| rng.gen_range(-1.0..1.0) * scale).collect() };
         let w0 = uni(s.w0_len(), 1.0 / (s.m0() as f64).sqrt());
         let w1 = uni(s.w1_len(), 1.0 / (s.m1() as f64).sqrt());
         let gw = uni(s.gw_len(), 1.0 / (s.cf as f64).sqrt());
         let u0 = uni(s.u0_len(), 1.0);
         let grad_out = uni(s.out_len(), 1.0);
-        let alpha = uni(s.alpha_len(), 0.5)
-            .into_iter()
-            .map(|x| x + 0.75)
-            .collect();
-        Problem {
-            s,
-            w0,
-            w1,
-            gw,
-            u0,
-            alpha,
-            grad_out,
-        }
+        let alpha = uni(s.alpha_len(), 0.5).into_iter().map(|x| x + 0.75).collect();
+        Problem { s, w0, w1, gw, u0, alpha, grad_out }
     }
 
     fn weights(&self) -> Weights<'_> {
-        Weights {
-            w0: &self.w0,
-            w1: &self.w1,
-            gw: &self.gw,
-        }
+        Weights { w0: &self.w0, w1: &self.w1, gw: &self.gw }
     }
 
     /// L = sum(grad_out * out).
@@ -185,18 +140,11 @@ fn check_fd(s: Shape, apply_alpha: bool, seed: u64) {
             / (2.0 * h);
         let an = dot(&gu, &du);
         let err = (fd - an).abs() / an.abs().max(1e-3);
-        println!(
-            "{s:?} alpha={apply_alpha} trial {trial}: d/du0 analytic {an:.6e}, rel err {err:.2e}"
-        );
-        assert!(
-            err <= tol,
-            "{s:?} alpha={apply_alpha} trial {trial}: d/du0 fd {fd} vs analytic {an} (rel {err:e})"
-        );
+        println!("{s:?} alpha={apply_alpha} trial {trial}: d/du0 analytic {an:.6e}, rel err {err:.2e}");
+        assert!(err <= tol, "{s:?} alpha={apply_alpha} trial {trial}: d/du0 fd {fd} vs analytic {an} (rel {err:e})");
 
         // along alpha
-        let da: Vec<f64> = (0..p.alpha.len())
-            .map(|_| rng.gen_range(-1.0..1.0))
-            .collect();
+        let da: Vec<f64> = (0..p.alpha.len()).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let fd = (p.loss(&p.u0, &axpy(&p.alpha, h, &da), apply_alpha)
             - p.loss(&p.u0, &axpy(&p.alpha, -h, &da), apply_alpha))
             / (2.0 * h);
@@ -204,36 +152,16 @@ fn check_fd(s: Shape, apply_alpha: bool, seed: u64) {
         if apply_alpha {
             let err = (fd - an).abs() / an.abs().max(1e-3);
             println!("{s:?} trial {trial}: d/dalpha analytic {an:.6e}, rel err {err:.2e}");
-            assert!(
-                err <= tol,
-                "{s:?} trial {trial}: d/dalpha fd {fd} vs analytic {an} (rel {err:e})"
-            );
+            assert!(err <= tol, "{s:?} trial {trial}: d/dalpha fd {fd} vs analytic {an} (rel {err:e})");
         } else {
             assert_eq!(fd, 0.0, "alpha must not matter when not applied");
-            assert!(
-                ga.iter().all(|&x| x == 0.0),
-                "grad_alpha must be zeros when not applied"
-            );
+            assert!(ga.iter().all(|&x| x == 0.0), "grad_alpha must be zeros when not applied");
         }
     }
 }
 
-const FD_SHAPES: [Shape; 2] = [
-    Shape {
-        f: 2,
-        e: 3,
-        cf: 4,
-        lmax: 2,
-        n_layers: 3,
-    },
-    Shape {
-        f: 1,
-        e: 2,
-        cf: 3,
-        lmax: 3,
-        n_layers: 4,
-    },
-];
+const FD_SHAPES: [Shape; 2] =
+    [Shape { f: 2, e: 3, cf: 4, lmax: 2, n_layers: 3 }, Shape { f: 1, e: 2, cf: 3, lmax: 3, n_layers: 4 }];
 
 #[test]
 fn backward_matches_finite_differences_with_alpha() {
@@ -269,28 +197,17 @@ struct Scratch(std::path::PathBuf);
 impl Scratch {
     fn new(tag: &str) -> Self {
         let src = vectors::default_dir();
-        let dir =
-            std::env::temp_dir().join(format!("mixstack-vectors-{tag}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("mixstack-vectors-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(src.join("manifest.json")).unwrap()).unwrap();
-        let case3 = manifest
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["case"] == 3)
-            .unwrap()
-            .clone();
+        let case3 = manifest.as_array().unwrap().iter().find(|c| c["case"] == 3).unwrap().clone();
         for t in case3["tensors"].as_object().unwrap().values() {
             let f = t["file"].as_str().unwrap();
             std::fs::copy(src.join(f), dir.join(f)).unwrap();
         }
-        std::fs::write(
-            dir.join("manifest.json"),
-            serde_json::to_vec(&vec![case3]).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&vec![case3]).unwrap()).unwrap();
         Scratch(dir)
     }
 }

@@ -63,15 +63,7 @@ fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool
 }
 
 fn is_gemm_stage(s: Stage) -> bool {
-    matches!(
-        s,
-        Stage::FwdM0
-            | Stage::FwdM1
-            | Stage::FwdFinal
-            | Stage::BwdFinal
-            | Stage::BwdGemm
-            | Stage::BwdFused
-    )
+    matches!(s, Stage::FwdM0 | Stage::FwdM1 | Stage::FwdFinal | Stage::BwdFinal | Stage::BwdGemm | Stage::BwdFused)
 }
 
 /// Every non-fused stage but the optional ones (the cuBLAS gate path) for
@@ -81,7 +73,11 @@ fn relay_entries(dtype: Dtype, cf: u32) -> Vec<KernelEntry> {
         .into_iter()
         .filter(|s| *s != Stage::BwdFused && !s.optional())
         .map(|s| {
-            let g = if is_gemm_stage(s) { gemm(64, 64, 32, 4, 4) } else { Geometry::Rows { rows: 4, threads: 128, min_blocks: 1 } };
+            let g = if is_gemm_stage(s) {
+                gemm(64, 64, 32, 4, 4)
+            } else {
+                Geometry::Rows { rows: 4, threads: 128, min_blocks: 1 }
+            };
             entry(s, dtype, cf, g, true, true)
         })
         .collect()
@@ -633,7 +629,8 @@ fn geometry_stream_launches_at_most_the_resident_blocks() {
 
 #[test]
 fn geometry_rows() {
-    let e = entry(Stage::BwdPointwise, Dtype::F64, 64, Geometry::Rows { rows: 4, threads: 256, min_blocks: 1 }, true, true);
+    let e =
+        entry(Stage::BwdPointwise, Dtype::F64, 64, Geometry::Rows { rows: 4, threads: 256, min_blocks: 1 }, true, true);
     let cfg = launch_config(&e, 77, 0, 1, 128, None).unwrap();
     assert_eq!(cfg.block_dim, (256, 1, 1));
     assert_eq!(cfg.grid_dim, (20, 1, 1));
@@ -642,7 +639,8 @@ fn geometry_rows() {
 
 #[test]
 fn geometry_grid_too_large() {
-    let e = entry(Stage::BwdPointwise, Dtype::F32, 32, Geometry::Rows { rows: 1, threads: 32, min_blocks: 1 }, true, true);
+    let e =
+        entry(Stage::BwdPointwise, Dtype::F32, 32, Geometry::Rows { rows: 1, threads: 32, min_blocks: 1 }, true, true);
     let err = launch_config(&e, 1 << 31, 0, 1, 96, None).unwrap_err();
     assert!(matches!(err, MixError::GridTooLarge { e: 2147483648, .. }), "{err}");
     launch_config(&e, (1 << 31) - 1, 0, 1, 96, None).unwrap();

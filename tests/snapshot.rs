@@ -91,7 +91,8 @@ fn ptx_and_report_match_snapshot() {
     for k in KERNELS.iter().filter(|k| k.accepted) {
         let p = snap(&format!("{}/{}.ptx", snapshot::PTX_DIR, k.name));
         let committed = std::fs::read_to_string(&p).unwrap_or_default();
-        let built = if k.ptx.is_empty() { std::fs::read_to_string(k.ptx_file).unwrap_or_default() } else { k.ptx.to_string() };
+        let built =
+            if k.ptx.is_empty() { std::fs::read_to_string(k.ptx_file).unwrap_or_default() } else { k.ptx.to_string() };
         diffs.extend(diff(&format!("{}.ptx", k.name), &committed, &built));
     }
     let committed = std::fs::read_to_string(snap(snapshot::MANIFEST_FILE)).unwrap_or_default();
@@ -108,6 +109,9 @@ fn snapshot_holds_no_stale_ptx() {
     }
     for e in std::fs::read_dir(Path::new(&snap(snapshot::PTX_DIR))).unwrap() {
         let n = e.unwrap().file_name().to_string_lossy().to_string();
-        assert!(names.contains(&n), "{n} is in the snapshot but no accepted instance has that name; bless with `{BLESS}`");
+        assert!(
+            names.contains(&n),
+            "{n} is in the snapshot but no accepted instance has that name; bless with `{BLESS}`"
+        );
     }
 }

@@ -71,25 +71,35 @@ fn bad_values_are_named() {
     assert!(e.contains("stages.yaml") && e.contains("fused_zero") && e.contains(".tiles"), "{e}");
 
     let dir = specs_with("tiles.yaml", |t| {
-        t.replacen("tm: 4, tn: 4, stages: 2, min_blocks: 1, pipe: regs", "tm: 4, tn: 4, stages: 3, min_blocks: 1, pipe: regs", 1)
+        t.replacen(
+            "tm: 4, tn: 4, stages: 2, min_blocks: 1, pipe: regs",
+            "tm: 4, tn: 4, stages: 3, min_blocks: 1, pipe: regs",
+            1,
+        )
     });
     let e = load_err(&dir);
     assert!(e.contains("stages") && e.contains("1 or 2"), "{e}");
 
-    let dir = specs_with("tiles.yaml", |t| t.replacen("rows: 8, threads: 256, min_blocks: 1}", "rows: 8, threads: 256, min_blocks: 0}", 1));
+    let dir = specs_with("tiles.yaml", |t| {
+        t.replacen("rows: 8, threads: 256, min_blocks: 1}", "rows: 8, threads: 256, min_blocks: 0}", 1)
+    });
     let e = load_err(&dir);
     assert!(e.contains("tiles.yaml") && e.contains("relay_rows[1].min_blocks") && e.contains("positive"), "{e}");
 
-    let dir = specs_with("tiles.yaml", |t| t.replacen(
+    let dir = specs_with("tiles.yaml", |t| {
+        t.replacen(
             "bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 4",
             "bn: 96, block_k: 16, tm: 8, tn: 6, stages: 2, min_blocks: 4",
             1,
-        ));
+        )
+    });
     let e = load_err(&dir);
     assert!(e.contains("tiles.yaml") && e.contains("multiples of 4"), "{e}");
 
     // the fused regime is enforced by the spec check
-    let dir = specs_with("stages.yaml", |t| t.replacen("    cf: [32, 64]\n    tiles: fused\n", "    cf: [32, 96]\n    tiles: fused\n", 1));
+    let dir = specs_with("stages.yaml", |t| {
+        t.replacen("    cf: [32, 64]\n    tiles: fused\n", "    cf: [32, 96]\n    tiles: fused\n", 1)
+    });
     let e = load_err(&dir);
     assert!(e.contains("Cf < 96"), "{e}");
 }
@@ -136,7 +146,9 @@ fn rendering_spells_every_rounding_and_one_entry() {
     let exp = expand(&s, None);
     let r = Renderer::new(&crate_dir().join("templates")).unwrap();
     let ops = r.ops_header(&s).unwrap();
-    for needle in ["__fmaf_rn(", "__fma_rn(", "__fadd_rn(", "__dmul_rn(", "::expf(", "::exp(", "op_sigmoid", "op_dsilu_mul"] {
+    for needle in
+        ["__fmaf_rn(", "__fma_rn(", "__fadd_rn(", "__dmul_rn(", "::expf(", "::exp(", "op_sigmoid", "op_dsilu_mul"]
+    {
         assert!(ops.contains(needle), "ops.cuh lacks {needle}");
     }
     // no unrendered placeholder survives

@@ -208,7 +208,15 @@ fn interleaved(
     Ok(ms)
 }
 
-fn summarise(label: &str, path: &str, mut ms: Vec<f64>, flops: f64, bytes: f64, mem: CallMemory, per_kernel: Vec<(String, String, f64)>) -> Timing {
+fn summarise(
+    label: &str,
+    path: &str,
+    mut ms: Vec<f64>,
+    flops: f64,
+    bytes: f64,
+    mem: CallMemory,
+    per_kernel: Vec<(String, String, f64)>,
+) -> Timing {
     let reps = ms.len();
     let med = median(&mut ms);
     Timing {
@@ -250,7 +258,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let stream = ctx.default_stream();
     let seed: u64 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     let mut rng = SmallRng::seed_from_u64(seed);
-    println!("# bench on {device}: F={} E={} Cf={} lmax={} n_layers={} apply_alpha={} (inputs: uniform random, seed {seed})", w.f, w.e, w.cf, w.lmax, w.n_layers, w.apply_alpha);
+    println!(
+        "# bench on {device}: F={} E={} Cf={} lmax={} n_layers={} apply_alpha={} (inputs: uniform random, seed {seed})",
+        w.f, w.e, w.cf, w.lmax, w.n_layers, w.apply_alpha
+    );
 
     let shape = StackShape::new(w.f, w.cf, w.lmax, w.n_layers);
     let (m0, m1, row, lg) = (w.m0() as usize, w.m1() as usize, w.row() as usize, w.lg() as usize);
@@ -266,8 +277,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let alpha = stream.clone_htod(&random(&mut rng, w.e * w.f, 0.25, 1.25))?;
 
     // forward variants, interleaved per repetition
-    let fspecs = if args.forward_variants.is_empty() { vec!["default".to_string()] } else { args.forward_variants.clone() };
-    let fparsed: Vec<(String, TileOverride)> = fspecs.iter().map(|v| parse_overrides(v, v)).collect::<Result<_, _>>()?;
+    let fspecs =
+        if args.forward_variants.is_empty() { vec!["default".to_string()] } else { args.forward_variants.clone() };
+    let fparsed: Vec<(String, TileOverride)> =
+        fspecs.iter().map(|v| parse_overrides(v, v)).collect::<Result<_, _>>()?;
     let mut saved = None;
     let fwd_ms = interleaved(&stream, fparsed.len(), args.reps, &mut |v| {
         let res = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &fparsed[v].1)?;
@@ -296,18 +309,30 @@ pub fn run(args: &BenchArgs) -> CliResult {
         match &first {
             None => first = Some(got),
             Some(_) if gate_path(tiles) != gate_path(&fparsed[0].1) => {
-                println!("{label}: another gate path than {}'s (cuBLAS / generated): not compared bitwise", fparsed[0].0)
+                println!(
+                    "{label}: another gate path than {}'s (cuBLAS / generated): not compared bitwise",
+                    fparsed[0].0
+                )
             }
             Some(f) => forward_bitwise = Some(forward_bitwise.unwrap_or(true) && bitwise_equal(f, &got)),
         }
-        forward_variants.push(summarise(label, "relay", fwd_ms[v].clone(), w.forward_flops(), w.forward_bytes(), mem, kernels));
+        forward_variants.push(summarise(
+            label,
+            "relay",
+            fwd_ms[v].clone(),
+            w.forward_flops(),
+            w.forward_bytes(),
+            mem,
+            kernels,
+        ));
     }
     drop(first);
     let forward = forward_variants[0].clone();
     let (out, z_all) = saved.ok_or("no forward ran")?;
 
     // backward variants, interleaved per repetition
-    let specs = if args.variants.is_empty() { vec!["relay".to_string(), "fused".to_string()] } else { args.variants.clone() };
+    let specs =
+        if args.variants.is_empty() { vec!["relay".to_string(), "fused".to_string()] } else { args.variants.clone() };
     let parsed: Vec<(String, BackwardOptions)> = specs.iter().map(|v| parse_variant(v)).collect::<Result<_, _>>()?;
     // A variant this workload cannot run (say a tile whose shared memory does
     // not fit at this lmax) is reported and left out, not fatal to the rest.
@@ -340,7 +365,15 @@ pub fn run(args: &BenchArgs) -> CliResult {
             None => first = Some(got),
             Some(f) => all_equal &= bitwise_equal(f, &got),
         }
-        backward.push(summarise(label, paths[v].as_str(), times[v].clone(), w.backward_flops(), w.backward_bytes(), mem, kernels));
+        backward.push(summarise(
+            label,
+            paths[v].as_str(),
+            times[v].clone(),
+            w.backward_flops(),
+            w.backward_bytes(),
+            mem,
+            kernels,
+        ));
     }
     // Every variant against the first (all must agree bit for bit).
     let bitwise = (any_fused && variants.len() > 1).then_some(all_equal);
@@ -349,10 +382,19 @@ pub fn run(args: &BenchArgs) -> CliResult {
         print_timing(t);
     }
     for t in forward_variants.iter().skip(1) {
-        println!("{} / {} forward median: {:.3}", t.label, forward_variants[0].label, t.median_ms / forward_variants[0].median_ms);
+        println!(
+            "{} / {} forward median: {:.3}",
+            t.label,
+            forward_variants[0].label,
+            t.median_ms / forward_variants[0].median_ms
+        );
     }
     if let Some(b) = forward_bitwise {
-        println!("every forward variant vs {} bitwise (out, z_all, every element): {}", forward_variants[0].label, if b { "EQUAL" } else { "DIFFERENT" });
+        println!(
+            "every forward variant vs {} bitwise (out, z_all, every element): {}",
+            forward_variants[0].label,
+            if b { "EQUAL" } else { "DIFFERENT" }
+        );
     }
     for t in &backward {
         print_timing(t);
@@ -361,7 +403,11 @@ pub fn run(args: &BenchArgs) -> CliResult {
         println!("{} / {} backward median: {:.3}", t.label, backward[0].label, t.median_ms / backward[0].median_ms);
     }
     match bitwise {
-        Some(b) => println!("every variant vs {} bitwise (grad_u0, grad_alpha, every element): {}", backward[0].label, if b { "EQUAL" } else { "DIFFERENT" }),
+        Some(b) => println!(
+            "every variant vs {} bitwise (grad_u0, grad_alpha, every element): {}",
+            backward[0].label,
+            if b { "EQUAL" } else { "DIFFERENT" }
+        ),
         None => println!("fused path not taken for this workload: relay only"),
     }
     let cublas_gate = if args.cublas_gate {
@@ -419,7 +465,8 @@ fn parse_overrides(v: &str, overrides: &str) -> Result<(String, TileOverride), S
     let mut tiles = TileOverride::new();
     for kv in overrides.split(',').filter(|s| !s.is_empty() && *s != "default") {
         let (stage, name) = kv.split_once('=').ok_or_else(|| format!("variant '{v}': '{kv}' is not STAGE=NAME"))?;
-        let stage = mixstack::kinds::Stage::parse(stage).ok_or_else(|| format!("variant '{v}': unknown stage '{stage}'"))?;
+        let stage =
+            mixstack::kinds::Stage::parse(stage).ok_or_else(|| format!("variant '{v}': unknown stage '{stage}'"))?;
         tiles.set(stage, name);
     }
     Ok((v.to_string(), tiles))
@@ -429,7 +476,11 @@ fn parse_overrides(v: &str, overrides: &str) -> Result<(String, TileOverride), S
 type KernelRows = Vec<(String, String, f64)>;
 
 fn kernel_rows(stack: &Stack<f32>) -> Result<KernelRows, Box<dyn std::error::Error>> {
-    Ok(stack.timings()?.into_iter().map(|k| (k.stage.as_str().to_string(), k.kernel.to_string(), k.ms as f64)).collect())
+    Ok(stack
+        .timings()?
+        .into_iter()
+        .map(|k| (k.stage.as_str().to_string(), k.kernel.to_string(), k.ms as f64))
+        .collect())
 }
 
 fn print_timing(t: &Timing) {

@@ -61,7 +61,14 @@ pub fn run(json: bool) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    println!("# kernel instances ({} from {}, {}; lmax {}..{} is a runtime argument)", m.instances.len(), BUILD_SOURCE, m.arch, m.lmax.0, m.lmax.1);
+    println!(
+        "# kernel instances ({} from {}, {}; lmax {}..{} is a runtime argument)",
+        m.instances.len(),
+        BUILD_SOURCE,
+        m.arch,
+        m.lmax.0,
+        m.lmax.1
+    );
     println!(
         "{:<52} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  dispatched",
         "name", "stage", "var", "dt", "cf", "block_m", "bn", "thr", "regs", "spillS", "spillL", "accepted"
@@ -99,7 +106,15 @@ pub fn run(json: bool) -> CliResult {
             }
             j += 1;
         }
-        println!("{:<15} {:<4} cf {:>3} lmax {}..{}: {}", r.stage.as_str(), r.dtype.as_str(), r.cf, r.lmax, m.dispatch[j].lmax, r.instance);
+        println!(
+            "{:<15} {:<4} cf {:>3} lmax {}..{}: {}",
+            r.stage.as_str(),
+            r.dtype.as_str(),
+            r.cf,
+            r.lmax,
+            m.dispatch[j].lmax,
+            r.instance
+        );
         i = j + 1;
     }
     println!("\n# backward path per (dtype, cf): switch off / switch on (MIXSTACK_STACK_BWD_FUSED)");

@@ -50,7 +50,10 @@ impl Tally {
         if !ok {
             self.failed += 1;
         }
-        println!("case {case} {path:<18} {tensor:<10} rel {err:.3e} (tol {tol:.0e}) {}", if ok { "PASS" } else { "FAIL" });
+        println!(
+            "case {case} {path:<18} {tensor:<10} rel {err:.3e} (tol {tol:.0e}) {}",
+            if ok { "PASS" } else { "FAIL" }
+        );
     }
 }
 
@@ -73,7 +76,11 @@ pub struct GpuRun<T> {
 
 /// Forward then backward of `case` on the GPU, inputs rounded to T from the
 /// vectors' exact f32 values; outputs poisoned with NaN before the run.
-pub fn run_case<T: Host>(stream: &Arc<cudarc::driver::CudaStream>, c: &Case, opts: &BackwardOptions) -> Result<GpuRun<T>, Box<dyn std::error::Error>> {
+pub fn run_case<T: Host>(
+    stream: &Arc<cudarc::driver::CudaStream>,
+    c: &Case,
+    opts: &BackwardOptions,
+) -> Result<GpuRun<T>, Box<dyn std::error::Error>> {
     let s = c.shape;
     let shape = StackShape::new(s.f, s.cf, s.lmax, s.n_layers);
     let stack = Stack::<T>::new(stream, shape, &conv::<T>(&c.w0), &conv::<T>(&c.w1), &conv::<T>(&c.gw))?;
@@ -82,7 +89,8 @@ pub fn run_case<T: Host>(stream: &Arc<cudarc::driver::CudaStream>, c: &Case, opt
     let alpha = stream.clone_htod(&conv::<T>(&c.alpha))?;
     let grad_out = stream.clone_htod(&conv::<T>(&c.grad_out))?;
     let (out, z_all) = stack.forward(stream, &u0, &alpha, c.apply_alpha)?;
-    let (grad_u0, grad_alpha, decision) = stack.backward(stream, &grad_out, &out, &z_all, &alpha, c.apply_alpha, opts)?;
+    let (grad_u0, grad_alpha, decision) =
+        stack.backward(stream, &grad_out, &out, &z_all, &alpha, c.apply_alpha, opts)?;
     Ok(GpuRun {
         out: stream.clone_dtoh(&out)?,
         z_all: stream.clone_dtoh(&z_all)?,
@@ -127,7 +135,11 @@ pub fn run(dir: Option<&std::path::Path>) -> CliResult {
                     check_gpu(&mut t, "gpu-f32-fused", c, &fused, TOL_F32);
                     let same = fused.grad_u0.iter().zip(&relay.grad_u0).all(|(a, b)| a.bits() == b.bits())
                         && fused.grad_alpha.iter().zip(&relay.grad_alpha).all(|(a, b)| a.bits() == b.bits());
-                    println!("case {} gpu-f32-fused      bitwise equal to relay: {}", c.index, if same { "PASS" } else { "FAIL" });
+                    println!(
+                        "case {} gpu-f32-fused      bitwise equal to relay: {}",
+                        c.index,
+                        if same { "PASS" } else { "FAIL" }
+                    );
                     t.failed += usize::from(!same);
                 } else {
                     println!("case {} gpu-f32-fused      not run: relay (outside the fused regime)", c.index);

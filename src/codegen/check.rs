@@ -89,7 +89,10 @@ ptxas info    : Used 40 registers, used 1 barriers, 380 bytes cmem[0]\n";
     #[test]
     fn parses_spilling_and_clean_entries() {
         let a = parse_report(SAMPLE, "ms_a").unwrap();
-        assert_eq!(a, Resources { registers: 255, spill_stores: 20, spill_loads: 16, stack_bytes: 24, smem_static: 4096 });
+        assert_eq!(
+            a,
+            Resources { registers: 255, spill_stores: 20, spill_loads: 16, stack_bytes: 24, smem_static: 4096 }
+        );
         assert!(a.spills());
         let b = parse_report(SAMPLE, "ms_b").unwrap();
         assert_eq!(b.registers, 40);

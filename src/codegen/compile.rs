@@ -99,10 +99,11 @@ pub struct Compiled {
 
 fn run(instance: &str, exe: &Path, args: &[String]) -> Result<String, CompileError> {
     let command = format!("{} {}", exe.display(), args.join(" "));
-    let out = Command::new(exe)
-        .args(args)
-        .output()
-        .map_err(|source| CompileError::Spawn { instance: instance.into(), command: command.clone(), source })?;
+    let out = Command::new(exe).args(args).output().map_err(|source| CompileError::Spawn {
+        instance: instance.into(),
+        command: command.clone(),
+        source,
+    })?;
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     if !out.status.success() {
         return Err(CompileError::Tool { instance: instance.into(), command, stderr });

@@ -45,9 +45,8 @@ pub struct Expansion {
 /// `only`: comma-separated substrings; an instance is kept if its name
 /// contains all of them (MIXSTACK_ONLY, for quick development builds).
 pub fn expand(specs: &Specs, only: Option<&str>) -> Expansion {
-    let filters: Vec<&str> = only
-        .map(|s| s.split(',').map(str::trim).filter(|f| !f.is_empty()).collect())
-        .unwrap_or_default();
+    let filters: Vec<&str> =
+        only.map(|s| s.split(',').map(str::trim).filter(|f| !f.is_empty()).collect()).unwrap_or_default();
     let lmax_min = specs.stages.lmax.min;
     let mut out = Expansion { instances: Vec::new(), pruned: Vec::new() };
     for st in &specs.stages.stages {
@@ -63,9 +62,11 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Expansion {
                         out.pruned.push(Pruned { name, reason });
                         continue;
                     }
-                    let is_default = specs.tiles.defaults.iter().any(|d| {
-                        d.stage == st.name && d.dtype == dtype && d.cf == cf && d.tile == geometry.tag()
-                    });
+                    let is_default = specs
+                        .tiles
+                        .defaults
+                        .iter()
+                        .any(|d| d.stage == st.name && d.dtype == dtype && d.cf == cf && d.tile == geometry.tag());
                     out.instances.push(Instance {
                         name,
                         stage: st.name,
@@ -131,7 +132,9 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
         }
         let sub = super::layout::GLOG_SUB_ROWS;
         if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {
-            return Some(format!("the fused backward forms g_logit {sub} rows at a time: BLOCK_M must be a multiple of {sub}"));
+            return Some(format!(
+                "the fused backward forms g_logit {sub} rows at a time: BLOCK_M must be a multiple of {sub}"
+            ));
         }
         // K (M0 or M1) is a multiple of Cf; a K chunk must not straddle it.
         if block_k == 0 || !cf.is_multiple_of(block_k) {
@@ -143,7 +146,9 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
             _ => unreachable!(),
         };
         if pipe == crate::kinds::Pipe::Regs && ((bm * block_k) % threads != 0 || (block_k * bn) % threads != 0) {
-            return Some(format!("{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"));
+            return Some(format!(
+                "{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"
+            ));
         }
     }
     let smem = lay.bytes(cf, lmax_min);

@@ -89,7 +89,12 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     let arch = specs.stages.arch.clone();
     let (mut built, source) = match Toolchain::find(&opts.crate_dir).map_err(PipelineError::Snapshot)? {
         Some(tc) => {
-            log.push(format!("compiling {} instances with {} ({})", exp.instances.len(), tc.root.display(), tc.version));
+            log.push(format!(
+                "compiling {} instances with {} ({})",
+                exp.instances.len(),
+                tc.root.display(),
+                tc.version
+            ));
             (compile_all(&tc, &arch, &exp, &cuda, &rendered, &opts.cache_dir, &mut log)?, "toolchain")
         }
         None => (from_snapshot(opts, &exp, &fingerprint, &mut log)?, "snapshot"),
@@ -207,7 +212,12 @@ fn compile_all(
     Ok(built)
 }
 
-fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str, log: &mut Vec<String>) -> Result<Vec<Built>, PipelineError> {
+fn from_snapshot(
+    opts: &Options,
+    exp: &Expansion,
+    fingerprint: &str,
+    log: &mut Vec<String>,
+) -> Result<Vec<Built>, PipelineError> {
     let dir = opts.crate_dir.join(snapshot::DIR);
     let committed = snapshot::committed_fingerprint(&opts.crate_dir);
     if committed.as_deref() != Some(fingerprint) {
@@ -220,11 +230,16 @@ fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str, log: &mut V
     }
     let mpath = dir.join(snapshot::MANIFEST_FILE);
     let text = std::fs::read_to_string(&mpath).map_err(io(&mpath))?;
-    let m: Manifest = serde_json::from_str(&text).map_err(|e| PipelineError::Snapshot(format!("{}: {e}", mpath.display())))?;
+    let m: Manifest =
+        serde_json::from_str(&text).map_err(|e| PipelineError::Snapshot(format!("{}: {e}", mpath.display())))?;
     let mut built = Vec::new();
     for inst in &exp.instances {
         let row = m.instances.iter().find(|r| r.name == inst.name).ok_or_else(|| {
-            PipelineError::Snapshot(format!("{} has no row for {}; re-bless with the toolchain", mpath.display(), inst.name))
+            PipelineError::Snapshot(format!(
+                "{} has no row for {}; re-bless with the toolchain",
+                mpath.display(),
+                inst.name
+            ))
         })?;
         let resources = Resources {
             registers: row.registers,
@@ -238,7 +253,14 @@ fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str, log: &mut V
         if accepted && !ptx.exists() {
             return Err(PipelineError::Snapshot(format!("{} is missing; re-bless with the toolchain", ptx.display())));
         }
-        built.push(Built { instance: inst.clone(), resources, accepted, is_default: false, ptx: accepted.then_some(ptx), cubin: None });
+        built.push(Built {
+            instance: inst.clone(),
+            resources,
+            accepted,
+            is_default: false,
+            ptx: accepted.then_some(ptx),
+            cubin: None,
+        });
     }
     log.push(format!(
         "no CUDA toolchain: built from the committed snapshot {}/ (fingerprint {} matches); kernels embed PTX only, JIT-compiled by the driver",
@@ -248,7 +270,13 @@ fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str, log: &mut V
     Ok(built)
 }
 
-fn bless(opts: &Options, rendered: &[(String, String)], built: &[Built], manifest_json: &str, fingerprint: &str) -> Result<(), PipelineError> {
+fn bless(
+    opts: &Options,
+    rendered: &[(String, String)],
+    built: &[Built],
+    manifest_json: &str,
+    fingerprint: &str,
+) -> Result<(), PipelineError> {
     if opts.only.is_some() {
         return Err(PipelineError::Snapshot("refusing to bless a narrowed build (MIXSTACK_ONLY is set)".into()));
     }

@@ -173,10 +173,8 @@ pub struct Specs {
     pub tiles: TilesSpec,
 }
 
-
 fn parse_file<T: for<'de> Deserialize<'de>>(file: &Path) -> Result<T, SpecError> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|source| SpecError::Io { file: file.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(file).map_err(|source| SpecError::Io { file: file.to_path_buf(), source })?;
     parse_str(file, &text)
 }
 
@@ -290,7 +288,11 @@ impl Specs {
                 return Err(self.invalid("stages.yaml", field("dtypes/cf"), "empty axis"));
             }
             if let Some(&bad) = s.cf.iter().find(|&&c| c == 0 || c % 8 != 0) {
-                return Err(self.invalid("stages.yaml", field("cf"), format!("Cf {bad} is not a positive multiple of 8")));
+                return Err(self.invalid(
+                    "stages.yaml",
+                    field("cf"),
+                    format!("Cf {bad} is not a positive multiple of 8"),
+                ));
             }
             if s.variant == Variant::Fused {
                 if s.dtypes.iter().any(|&d| d != Dtype::F32) {
@@ -323,7 +325,11 @@ impl Specs {
                     crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => (2..=4).contains(&t.stages),
                 };
                 if !stages_ok {
-                    return Err(self.invalid("tiles.yaml", field("stages"), "1 or 2 with pipe: regs, 2 to 4 with pipe: async or stream"));
+                    return Err(self.invalid(
+                        "tiles.yaml",
+                        field("stages"),
+                        "1 or 2 with pipe: regs, 2 to 4 with pipe: async or stream",
+                    ));
                 }
                 if t.min_blocks == 0 {
                     return Err(self.invalid("tiles.yaml", field("min_blocks"), "must be positive"));
@@ -333,7 +339,11 @@ impl Specs {
                 }
                 // Threads move 16-byte vectors: 4 floats (and 2 doubles).
                 if t.tm % 4 != 0 || t.tn % 4 != 0 || t.bn % 4 != 0 {
-                    return Err(self.invalid("tiles.yaml", field("tm/tn/bn"), "tm, tn and bn must be multiples of 4 (16-byte vectors)"));
+                    return Err(self.invalid(
+                        "tiles.yaml",
+                        field("tm/tn/bn"),
+                        "tm, tn and bn must be multiples of 4 (16-byte vectors)",
+                    ));
                 }
                 let threads = (t.block_m / t.tm) * (t.bn / t.tn);
                 if threads % 32 != 0 || threads > 1024 {

@@ -363,7 +363,13 @@ impl<'t> Dispatch<'t> {
     /// [`Dispatch::validate_override`] for a forward call, which runs only
     /// the forward stages: an override of any other stage is an error, not
     /// silently unused.
-    pub fn validate_forward_override(&self, dtype: Dtype, cf: u32, lmax: u32, tiles: &TileOverride) -> Result<(), MixError> {
+    pub fn validate_forward_override(
+        &self,
+        dtype: Dtype,
+        cf: u32,
+        lmax: u32,
+        tiles: &TileOverride,
+    ) -> Result<(), MixError> {
         if let Some((stage, name)) = tiles.iter().find(|(s, _)| !FORWARD_STAGES.contains(s)) {
             return Err(MixError::BadOverride {
                 stage,

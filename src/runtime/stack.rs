@@ -269,7 +269,12 @@ impl<T: Element> Stack<T> {
     /// generated gate stages `generated` (that asks for them); naming
     /// `blas_stage` where the cuBLAS path does not run is an error, never
     /// an override silently unused.
-    fn gate_blas_for(&self, tiles: &TileOverride, generated: &[Stage], blas_stage: Stage) -> Result<Option<&GateBlas>, MixError> {
+    fn gate_blas_for(
+        &self,
+        tiles: &TileOverride,
+        generated: &[Stage],
+        blas_stage: Stage,
+    ) -> Result<Option<&GateBlas>, MixError> {
         let blas = self.blas().filter(|_| !generated.iter().any(|s| tiles.get(*s).is_some()));
         if let (None, Some(name)) = (blas, tiles.get(blas_stage)) {
             return Err(MixError::BadOverride {
@@ -381,7 +386,9 @@ impl<T: Element> Stack<T> {
         let final_ = self.select(Stage::BwdFinal, &opts.tiles)?;
         let mut layer = Vec::new();
         let gate_blas = decision.path == Path::Relay
-            && self.gate_blas_for(&opts.tiles, &[Stage::BwdRecompute, Stage::BwdPointwise], Stage::BwdGlogit)?.is_some();
+            && self
+                .gate_blas_for(&opts.tiles, &[Stage::BwdRecompute, Stage::BwdPointwise], Stage::BwdGlogit)?
+                .is_some();
         if self.shape.gated() > 0 {
             let stages: &[Stage] = match decision.path {
                 Path::Relay if gate_blas => &[Stage::BwdGlogit, Stage::BwdGemm],
@@ -767,9 +774,12 @@ impl<T: Element> Stack<T> {
                             let k_glogit = plan.layer[0];
                             // SAFETY: z_k is layer k of z_all (F x E x ROW), gw_k the
                             // layer's (F, Cf, LG) block, sig and glog F x E x LG, gz F x E x ROW.
-                            self.kernels.external(stream, Stage::BwdGlogit, "cublas gemm: logit = s @ GW", || unsafe {
-                                blas.projection::<T>(stream, &sh, e, z_k, gw_k, psig)
-                            })?;
+                            self.kernels.external(
+                                stream,
+                                Stage::BwdGlogit,
+                                "cublas gemm: logit = s @ GW",
+                                || unsafe { blas.projection::<T>(stream, &sh, e, z_k, gw_k, psig) },
+                            )?;
                             self.kernels.launch(
                                 stream,
                                 k_glogit,
@@ -778,9 +788,12 @@ impl<T: Element> Stack<T> {
                                 f,
                                 &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(pglog), Arg::Ptr(pgz), ea, la],
                             )?;
-                            self.kernels.external(stream, Stage::BwdGlogit, "cublas gemm: gz_s += g_logit @ GW^T", || unsafe {
-                                blas.logit_contraction::<T>(stream, &sh, e, pglog, gw_k, pgz)
-                            })?;
+                            self.kernels.external(
+                                stream,
+                                Stage::BwdGlogit,
+                                "cublas gemm: gz_s += g_logit @ GW^T",
+                                || unsafe { blas.logit_contraction::<T>(stream, &sh, e, pglog, gw_k, pgz) },
+                            )?;
                         }
                         _ => {
                             let (k_rec, k_pw) = (plan.layer[0], plan.layer[1]);
@@ -798,7 +811,15 @@ impl<T: Element> Stack<T> {
                                 e,
                                 0,
                                 f,
-                                &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(gwt + og), Arg::Ptr(pgz), ea, la],
+                                &[
+                                    Arg::Ptr(g),
+                                    Arg::Ptr(z_k),
+                                    Arg::Ptr(psig),
+                                    Arg::Ptr(gwt + og),
+                                    Arg::Ptr(pgz),
+                                    ea,
+                                    la,
+                                ],
                             )?;
                         }
                     }
