@@ -8,8 +8,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 name=$1; shift
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
-cf=$(.device/mixstack bench "$@" --help >/dev/null 2>&1; echo "$@" | grep -oE -- "--cf [0-9]+" | awk '{print $2}')
-case " $* " in *"--preset cf64"*) cf=64;; *"--preset"*) cf=${cf:-32};; esac
+# Cf of the workload: --cf N, or the preset's (cf64: 64, seed and f1: 32).
+cf=$(echo "$@" | grep -oE -- "--cf [0-9]+" | awk '{print $2}')
+case " $* " in *"--preset cf64"*) cf=64;; esac
 v=(--variant relay --variant fused)
 for n in $(.device/mixstack report --json | python3 -c "
 import json, sys

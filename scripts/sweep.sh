@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Tile sweep on the GPU: every accepted relay GEMM tile (bwd_gemm and
-# bwd_final together; fwd_m0, fwd_m1 and fwd_final together) and fused tile
-# (m0 and m1 passes one at a time, the other at its default), side by side in
-# one `mixstack bench` run per preset.
+# bwd_final together; fwd_m0, fwd_m1 and fwd_final together) and every
+# bwd_fused tile, side by side in one `mixstack bench` run per preset.
 # Usage: [MATCH=REGEX] scripts/sweep.sh PRESET CF   (binaries staged in
 # .device/; MATCH keeps the kernels whose names it matches)
 set -uo pipefail

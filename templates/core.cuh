@@ -726,7 +726,6 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
   cp_async_wait<0>();
 }
 
-
 // ---------------------------------------------------------------------------
 // Row-block streaming GEMM: the fused backward's core. A persistent block
 // owns whole row blocks (rb = blockIdx.x, blockIdx.x + gridDim.x, ...) and,

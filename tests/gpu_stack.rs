@@ -495,7 +495,9 @@ fn fused_persistent_walk_bitwise() {
         let p = Problem::random(&mut rng, shape, true);
         let st = make_stack::<f32>(&g, &p);
         let relay = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
-        for k in st.dispatch().candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax) {
+        let fused_tiles = st.dispatch().candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
+        assert!(!fused_tiles.is_empty(), "no usable fused kernels at Cf {cf} lmax {lmax}");
+        for k in fused_tiles {
             let tiles = TileOverride::new().with(Stage::BwdFused, k.name);
             let fused = run(&g, &st, &p, &BackwardOptions::fused().with_tiles(tiles)).unwrap();
             assert_eq!(fused.decision.path, Path::Fused, "{}", fused.decision);
