@@ -41,7 +41,7 @@ fn built_manifest() -> Manifest {
 
 fn narrowed() -> bool {
     let specs = spec::load(&crate_dir().join("specs")).unwrap();
-    let n = expand(&specs, None).instances.len();
+    let n = expand(&specs, None).unwrap().instances.len();
     let built = built_manifest().instances.len();
     if built != n {
         eprintln!("SKIPPED: this build was narrowed by MIXSTACK_ONLY ({built} of {n} instances)");
@@ -62,7 +62,7 @@ fn fingerprint_matches_tree() {
 #[test]
 fn rendered_cuda_matches_snapshot() {
     let specs = spec::load(&crate_dir().join("specs")).unwrap();
-    let exp = expand(&specs, None);
+    let exp = expand(&specs, None).unwrap();
     let files = render_all(&specs, &exp, &crate_dir().join("templates")).unwrap();
     let mut diffs = Vec::new();
     for (name, text) in &files {
@@ -113,5 +113,74 @@ fn snapshot_holds_no_stale_ptx() {
             names.contains(&n),
             "{n} is in the snapshot but no accepted instance has that name; bless with `{BLESS}`"
         );
+    }
+}
+
+/// A copy of the generator's inputs (exactly `snapshot::inputs`) in a temp dir.
+fn inputs_copy() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mixstack-fp-{}-{}", std::process::id(), rand::random::<u64>()));
+    for f in snapshot::inputs(&crate_dir()).unwrap() {
+        let to = dir.join(f.strip_prefix(crate_dir()).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&f, &to).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn fingerprint_ignores_junk_and_sees_every_input() {
+    let dir = inputs_copy();
+    let fp = snapshot::fingerprint(&dir).unwrap();
+    assert_eq!(fp, snapshot::fingerprint(&crate_dir()).unwrap(), "the copy holds every input");
+    // an editor's swap and backup files, a scratch spec, notes: nothing changes
+    for junk in [
+        "specs/.tiles.yaml.swp",
+        "specs/tiles.yaml~",
+        "specs/tiles-old.yaml",
+        "templates/#core.cuh#",
+        "templates/core.cuh.orig",
+        "src/codegen/notes.txt",
+        "src/codegen/scratch.rs",
+    ] {
+        std::fs::write(dir.join(junk), "junk \u{00e9}\u{00ff}").unwrap();
+    }
+    assert_eq!(snapshot::fingerprint(&dir).unwrap(), fp, "junk files changed the fingerprint");
+    // every input counts
+    for f in snapshot::inputs(&dir).unwrap() {
+        let text = std::fs::read(&f).unwrap();
+        std::fs::write(&f, [text.as_slice(), b" "].concat()).unwrap();
+        assert_ne!(snapshot::fingerprint(&dir).unwrap(), fp, "{} is not fingerprinted", f.display());
+        std::fs::write(&f, text).unwrap();
+    }
+    // a damaged FINGERPRINT file is no match, never a panic
+    std::fs::create_dir_all(dir.join(snapshot::DIR)).unwrap();
+    for bad in ["\u{00e9}\u{00e9}\u{00e9}\u{00e9}\u{00e9}\u{00e9}\u{00e9}\u{00e9}", "", "abc", &fp[..40]] {
+        std::fs::write(dir.join(snapshot::DIR).join(snapshot::FINGERPRINT_FILE), bad).unwrap();
+        assert_eq!(snapshot::committed_fingerprint(&dir), None, "{bad:?}");
+    }
+    std::fs::write(dir.join(snapshot::DIR).join(snapshot::FINGERPRINT_FILE), [0xffu8, 0xfe, 0x80]).unwrap();
+    assert_eq!(snapshot::committed_fingerprint(&dir), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cache_key_covers_flags_tools_and_arch() {
+    use mixstack::codegen::compile::cache_key;
+    let nvcc: Vec<String> = ["-ptx", "-O3", "--fmad=false"].map(String::from).to_vec();
+    let ptxas: Vec<String> = ["-v", "-O3", "--fmad=false"].map(String::from).to_vec();
+    let base = cache_key("k", b"src", "nvcc 13.0.88\nptxas 13.0.88", "sm_90", &[&nvcc, &ptxas]);
+    assert!(base.starts_with("k-") && base.len() == 2 + 16);
+    let mut ptxas2 = ptxas.clone();
+    ptxas2[1] = "-O2".into();
+    let mut nvcc2 = nvcc.clone();
+    nvcc2.push("-lineinfo".into());
+    for other in [
+        cache_key("k", b"src", "nvcc 13.0.88\nptxas 13.0.88", "sm_90", &[&nvcc, &ptxas2]),
+        cache_key("k", b"src", "nvcc 13.0.88\nptxas 13.0.88", "sm_90", &[&nvcc2, &ptxas]),
+        cache_key("k", b"src", "nvcc 13.0.88\nptxas 13.0.99", "sm_90", &[&nvcc, &ptxas]),
+        cache_key("k", b"src", "nvcc 13.0.88\nptxas 13.0.88", "sm_80", &[&nvcc, &ptxas]),
+        cache_key("k", b"src2", "nvcc 13.0.88\nptxas 13.0.88", "sm_90", &[&nvcc, &ptxas]),
+    ] {
+        assert_ne!(other, base);
     }
 }

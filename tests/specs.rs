@@ -31,7 +31,7 @@ fn load_err(dir: &Path) -> String {
 #[test]
 fn shipped_specs_load_and_expand() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
-    let exp = expand(&s, None);
+    let exp = expand(&s, None).unwrap();
     assert!(exp.instances.len() > 100);
     pipeline::check_defaults(&s, &exp).unwrap();
     // every name unique, and the canonical form of its own axes
@@ -104,20 +104,104 @@ fn bad_values_are_named() {
     assert!(e.contains("Cf < 96"), "{e}");
 }
 
+/// `file:line:column: ` of an error, as numbers.
+fn line_of(e: &str, file: &str) -> usize {
+    let loc = e.split(&format!("{file}:")).nth(1).unwrap_or_else(|| panic!("no {file}: in {e}"));
+    loc.split(':').next().unwrap().parse().unwrap_or_else(|_| panic!("no line number in {e}"))
+}
+
+/// The 1-based line of the first line of `text` containing `needle`.
+fn line_with(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn a_duplicated_tile_names_both_lines() {
+    let shipped = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
+    let entry = "    - {dtypes: [f32], cf: [32, 64], block_m: 32, bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 6, pipe: stream}\n";
+    assert!(shipped.contains(entry));
+    let dir = specs_with("tiles.yaml", |t| t.replacen(entry, &format!("{entry}{entry}"), 1));
+    let e = load_err(&dir);
+    let first = line_with(&shipped, entry.trim());
+    assert_eq!(line_of(&e, "tiles.yaml"), first + 1, "{e}");
+    assert!(e.contains(&format!("(line {first})")) && e.contains("share one name"), "{e}");
+
+    // `block_k: cf` is the number Cf: the same instance at Cf 32 only
+    let dir = specs_with("tiles.yaml", |t| {
+        let second = entry.replace("cf: [32, 64]", "cf: [32]").replace("block_k: 16", "block_k: 32");
+        let first = entry.replace("block_k: 16", "block_k: cf");
+        t.replacen(entry, &format!("{first}{second}"), 1)
+    });
+    assert!(load_err(&dir).contains("share one name"));
+    // different Cf: no clash
+    let dir = specs_with("tiles.yaml", |t| {
+        let second = entry.replace("cf: [32, 64]", "cf: [32]").replace("block_k: 16", "block_k: 32");
+        let first = entry.replace("cf: [32, 64]", "cf: [64]").replace("block_k: 16", "block_k: cf");
+        t.replacen(entry, &format!("{first}{second}"), 1)
+    });
+    spec::load(&dir).unwrap();
+
+    let row = "    - {dtypes: [f32, f64], cf: [32, 64, 96, 128], rows: 8, threads: 256, min_blocks: 1}\n";
+    let dir = specs_with("tiles.yaml", |t| t.replacen(row, &format!("{row}{row}"), 1));
+    assert!(load_err(&dir).contains("share one name"));
+}
+
+#[test]
+fn a_second_default_for_one_key_is_refused() {
+    let shipped = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
+    let d = "  - {stage: bwd_fused, dtype: f32, cf: 32, tile: m64_n64_k16_t8x4_s2_b4_ps}\n";
+    assert!(shipped.contains(d));
+    let other = d.replace("m64_n64_k16_t8x4_s2_b4_ps", "m32_n64_k16_t8x4_s2_b6_ps");
+    let dir = specs_with("tiles.yaml", |t| format!("{t}{other}"));
+    let e = load_err(&dir);
+    assert!(e.contains("a second default") && e.contains(&format!("(line {})", line_with(&shipped, d.trim()))), "{e}");
+    assert_eq!(line_of(&e, "tiles.yaml"), shipped.lines().count() + 1, "{e}");
+}
+
+#[test]
+fn numbers_that_overflow_or_make_no_sense_are_refused() {
+    let entry = "block_m: 64, bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 4";
+    for (from, to, says) in [
+        ("block_m: 64,", "block_m: 2147483776,", "block_m 2147483776"),
+        ("block_m: 64,", "block_m: 4294967295,", "block_m 4294967295"),
+        ("bn: 64,", "bn: 0,", "bn 0"),
+        ("block_k: 16,", "block_k: 100000,", "block_k 100000"),
+        ("tm: 8,", "tm: 128,", "tm 128"),
+        ("min_blocks: 4", "min_blocks: 4000000000", "min_blocks 4000000000"),
+    ] {
+        let dir = specs_with("tiles.yaml", |t| t.replacen(entry, &entry.replacen(from, to, 1), 1));
+        let e = load_err(&dir);
+        assert!(e.contains(says) && e.contains("at most"), "{from} -> {to}: {e}");
+        assert!(line_of(&e, "tiles.yaml") > 0, "{e}");
+    }
+    // a number that does not fit u32 is a parse error with its line
+    let dir = specs_with("tiles.yaml", |t| t.replacen(entry, &entry.replacen("bn: 64", "bn: 99999999999", 1), 1));
+    assert!(line_of(&load_err(&dir), "tiles.yaml") > 0);
+    // threads that overflow the multiplication
+    let dir = specs_with("tiles.yaml", |t| {
+        t.replacen(entry, &entry.replacen("block_m: 64", "block_m: 4096", 1).replacen("bn: 64", "bn: 4096", 1), 1)
+    });
+    assert!(load_err(&dir).contains("threads"));
+    let dir = specs_with("stages.yaml", |t| t.replacen("max: 6}", "max: 4000000000}", 1));
+    assert!(load_err(&dir).contains("lmax"));
+    let dir = specs_with("stages.yaml", |t| t.replacen("cf: [32, 64, 96, 128]", "cf: [32, 32]", 1));
+    assert!(load_err(&dir).contains("Cf 32 listed twice"));
+}
+
 #[test]
 fn a_default_must_name_an_instance() {
     let dir = specs_with("tiles.yaml", |t| {
         t.replacen("tile: m64_n64_k16_t8x4_s2_b4_ps}", "tile: m64_n64_k16_t8x4_s9_b4_ps}", 1)
     });
     let s = spec::load(&dir).unwrap();
-    let e = pipeline::check_defaults(&s, &expand(&s, None)).unwrap_err().to_string();
+    let e = pipeline::check_defaults(&s, &expand(&s, None).unwrap()).unwrap_err().to_string();
     assert!(e.contains("defaults[") && e.contains("s9"), "{e}");
 }
 
 #[test]
 fn narrowing_keeps_matching_names_only() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
-    let exp = expand(&s, Some("bwd_fused,cf32"));
+    let exp = expand(&s, Some("bwd_fused,cf32")).unwrap();
     assert!(!exp.instances.is_empty());
     assert!(exp.instances.iter().all(|i| i.name.contains("bwd_fused") && i.name.contains("cf32")));
 }
@@ -125,7 +209,7 @@ fn narrowing_keeps_matching_names_only() {
 #[test]
 fn fused_instances_stream_with_block_k_dividing_cf() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
-    let exp = expand(&s, None);
+    let exp = expand(&s, None).unwrap();
     let fused: Vec<_> = exp.instances.iter().filter(|i| i.stage == Stage::BwdFused).collect();
     assert!(!fused.is_empty());
     for i in fused {
@@ -143,7 +227,7 @@ fn fused_instances_stream_with_block_k_dividing_cf() {
 #[test]
 fn rendering_spells_every_rounding_and_one_entry() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
-    let exp = expand(&s, None);
+    let exp = expand(&s, None).unwrap();
     let r = Renderer::new(&crate_dir().join("templates")).unwrap();
     let ops = r.ops_header(&s).unwrap();
     for needle in
@@ -164,7 +248,7 @@ fn rendering_spells_every_rounding_and_one_entry() {
 #[test]
 fn layout_places_buffers_aligned_and_grows_with_lmax() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
-    for i in expand(&s, None).instances {
+    for i in expand(&s, None).unwrap().instances {
         let l = &i.layout;
         for off in [l.a_tile, l.b_tile, l.s_rows, l.gzs_rows].into_iter().flatten() {
             assert_eq!(off % 16, 0, "{}", i.name);

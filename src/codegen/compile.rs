@@ -21,7 +21,11 @@ pub enum CompileError {
 #[derive(Debug, Clone)]
 pub struct Toolchain {
     pub root: PathBuf,
+    /// nvcc's `release` line.
     pub version: String,
+    /// Everything `nvcc --version` and `ptxas --version` print: part of
+    /// every cache key, so another build of the tools never reuses a cubin.
+    pub identity: String,
 }
 
 pub const REQUIRED_RELEASE: &str = "release 13.0";
@@ -52,7 +56,13 @@ impl Toolchain {
             if !version.contains(REQUIRED_RELEASE) {
                 return Err(format!("{} is '{version}', need {REQUIRED_RELEASE}; {INSTALL_HINT}", nvcc.display()));
             }
-            return Ok(Some(Toolchain { root, version }));
+            let ptxas = root.join("bin/ptxas");
+            let out = Command::new(&ptxas)
+                .arg("--version")
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+            let identity = format!("{text}\n{}", String::from_utf8_lossy(&out.stdout));
+            return Ok(Some(Toolchain { root, version, identity }));
         }
         Ok(None)
     }
@@ -111,6 +121,20 @@ fn run(instance: &str, exe: &Path, args: &[String]) -> Result<String, CompileErr
     Ok(stderr)
 }
 
+/// The cache key of an instance: `{instance}-{16 hex digits}` of the hash
+/// of its source and headers (`material`), the tools' identity, the arch
+/// and every flag of every tool (paths as placeholders).
+pub fn cache_key(instance: &str, material: &[u8], identity: &str, arch: &str, flags: &[&[String]]) -> String {
+    let mut h = Sha256::new();
+    for part in [material, identity.as_bytes(), arch.as_bytes()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.update(format!("{flags:?}").as_bytes());
+    let hex = format!("{:x}", h.finalize());
+    format!("{instance}-{}", &hex[..16])
+}
+
 /// Compile `src` (in `include`, next to its headers) into `cache`, keyed by
 /// the hash of everything that can change the output.
 pub fn compile(
@@ -122,13 +146,10 @@ pub fn compile(
     key_material: &[u8],
     cache: &Path,
 ) -> Result<Compiled, CompileError> {
-    let mut h = Sha256::new();
-    h.update(key_material);
-    h.update(tc.version.as_bytes());
-    h.update(arch.as_bytes());
-    h.update(format!("{:?}", tc.nvcc_args(arch, Path::new("I"), Path::new("S"), Path::new("P"))).as_bytes());
-    let key = format!("{instance}-{:x}", h.finalize());
-    let key = &key[..instance.len() + 17];
+    let nvcc = tc.nvcc_args(arch, Path::new("I"), Path::new("S"), Path::new("P"));
+    let ptxas = tc.ptxas_args(arch, Path::new("P"), Path::new("C"));
+    let key = cache_key(instance, key_material, &tc.identity, arch, &[&nvcc, &ptxas]);
+    let key = key.as_str();
     let ptx = cache.join(format!("{key}.ptx"));
     let cubin = cache.join(format!("{key}.cubin"));
     let log = cache.join(format!("{key}.ptxas.txt"));

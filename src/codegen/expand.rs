@@ -3,7 +3,7 @@
 //! name (crate::kinds::canonical_name).
 
 use super::layout::{layout, Layout, SM90_MAX_SMEM};
-use super::spec::{BlockK, Kind, Specs};
+use super::spec::{BlockK, Kind, SpecError, Specs};
 use crate::kinds::{canonical_name, Dtype, Geometry, Stage, Variant};
 
 #[derive(Debug, Clone)]
@@ -44,16 +44,26 @@ pub struct Expansion {
 
 /// `only`: comma-separated substrings; an instance is kept if its name
 /// contains all of them (MIXSTACK_ONLY, for quick development builds).
-pub fn expand(specs: &Specs, only: Option<&str>) -> Expansion {
+/// Two instances with one name are an error (the spec checks reject the
+/// entries that would make them; this guards the rule itself).
+pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError> {
     let filters: Vec<&str> =
         only.map(|s| s.split(',').map(str::trim).filter(|f| !f.is_empty()).collect()).unwrap_or_default();
     let lmax_min = specs.stages.lmax.min;
     let mut out = Expansion { instances: Vec::new(), pruned: Vec::new() };
+    let mut names = std::collections::BTreeSet::new();
     for st in &specs.stages.stages {
         for &dtype in &st.dtypes {
             for &cf in &st.cf {
                 for geometry in geometries(specs, st.kind, &st.tiles, dtype, cf) {
                     let name = canonical_name(st.name, dtype, cf, &geometry);
+                    if !names.insert(name.clone()) {
+                        let set = match st.kind {
+                            Kind::Gemm => format!("gemm.{}", st.tiles),
+                            Kind::Rows => format!("rows.{}", st.tiles),
+                        };
+                        return Err(specs.invalid("tiles.yaml", set, format!("two instances named {name}")));
+                    }
                     if !filters.iter().all(|f| name.contains(f)) {
                         continue;
                     }
@@ -86,7 +96,7 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Expansion {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Vec<Geometry> {
@@ -145,7 +155,10 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
             Geometry::Gemm { block_m, bn, pipe, .. } => (g.threads(), block_m, bn, pipe),
             _ => unreachable!(),
         };
-        if pipe == crate::kinds::Pipe::Regs && ((bm * block_k) % threads != 0 || (block_k * bn) % threads != 0) {
+        if pipe == crate::kinds::Pipe::Regs
+            && ((bm as u64 * block_k as u64) % threads as u64 != 0
+                || (block_k as u64 * bn as u64) % threads as u64 != 0)
+        {
             return Some(format!(
                 "{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"
             ));

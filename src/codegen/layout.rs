@@ -39,8 +39,15 @@ pub struct Layout {
     pub per_lg: u32,
 }
 
+/// Rounded up to 16 bytes; saturates (a saturated size never fits).
 fn align16(x: u32) -> u32 {
-    x.div_ceil(16) * 16
+    x.div_ceil(16).saturating_mul(16)
+}
+
+/// Checked product, saturating at u32::MAX: the specs' bounds keep every
+/// product in range, and one that is not is pruned as too large, never wrapped.
+fn prod(xs: &[u32]) -> u32 {
+    xs.iter().try_fold(1u32, |a, &x| a.checked_mul(x)).unwrap_or(u32::MAX)
 }
 
 pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
@@ -54,7 +61,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let mut at = 0u32;
     let mut place = |bytes: u32| {
         let off = at;
-        at = align16(at + bytes);
+        at = align16(at.saturating_add(bytes));
         Some(off)
     };
     let mut l = Layout {
@@ -76,13 +83,15 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
             // regs: A k-major (bk rows of bm + pad); async: row-major (bm rows of bk + pad).
             SmemBuf::ATile => {
                 l.a_tile = match pipe {
-                    crate::kinds::Pipe::Regs => place(stages * bk * (bm + apad) * sz),
-                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => place(stages * bm * (bk + apad) * sz),
+                    crate::kinds::Pipe::Regs => place(prod(&[stages, bk, bm.saturating_add(apad), sz])),
+                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => {
+                        place(prod(&[stages, bm, bk.saturating_add(apad), sz]))
+                    }
                 }
             }
-            SmemBuf::BTile => l.b_tile = place(stages * bk * bn * sz),
-            SmemBuf::SRows => l.s_rows = place(rows * cf * sz),
-            SmemBuf::GzsRows => l.gzs_rows = place(rows * cf * sz),
+            SmemBuf::BTile => l.b_tile = place(prod(&[stages, bk, bn, sz])),
+            SmemBuf::SRows => l.s_rows = place(prod(&[rows, cf, sz])),
+            SmemBuf::GzsRows => l.gzs_rows = place(prod(&[rows, cf, sz])),
             _ => {}
         }
     }
@@ -91,7 +100,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         l.c_tile = Some(0);
         // The streaming pipe's epilogue leaves from registers: no C tile.
         if pipe != crate::kinds::Pipe::Stream {
-            l.fixed = l.fixed.max(align16(bm * (bn + apad) * sz));
+            l.fixed = l.fixed.max(align16(prod(&[bm, bn.saturating_add(apad), sz])));
         }
     }
     let mut slots = 0u32;
@@ -109,19 +118,21 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
             _ => {}
         }
     }
-    l.per_lg = slots * rows * sz;
+    l.per_lg = prod(&[slots, rows, sz]);
     if bufs.contains(&SmemBuf::GlogitSub) {
         let sub = GLOG_SUB_ROWS.min(rows);
         l.glog_slot = Some(slots);
         l.glog_rows = Some(sub);
-        l.per_lg += sub * sz;
+        l.per_lg = l.per_lg.saturating_add(prod(&[sub, sz]));
     }
     l
 }
 
 impl Layout {
-    /// Dynamic shared bytes at launch for a given lmax.
+    /// Dynamic shared bytes at launch for a given lmax (u32::MAX where the
+    /// sum overflows: never a size that fits).
     pub fn bytes(&self, cf: u32, lmax: u32) -> u32 {
-        self.fixed + self.per_lg * cf * lmax
+        let b = self.fixed as u64 + self.per_lg as u64 * cf as u64 * lmax as u64;
+        u32::try_from(b).unwrap_or(u32::MAX)
     }
 }

@@ -7,6 +7,7 @@ pub mod compile;
 pub mod embed;
 pub mod expand;
 pub mod layout;
+pub mod locate;
 pub mod pipeline;
 pub mod render;
 pub mod snapshot;

@@ -62,7 +62,7 @@ pub fn render_all(specs: &Specs, exp: &Expansion, templates: &Path) -> Result<Ve
 pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     let mut log = Vec::new();
     let specs = spec::load(&opts.crate_dir.join("specs"))?;
-    let exp = expand(&specs, opts.only.as_deref());
+    let exp = expand(&specs, opts.only.as_deref())?;
     if opts.only.is_none() {
         check_defaults(&specs, &exp)?;
     }
@@ -133,11 +133,11 @@ pub fn check_defaults(specs: &Specs, exp: &Expansion) -> Result<(), SpecError> {
         let name = crate::kinds::name_with_tag(d.stage, d.dtype, d.cf, &d.tile);
         let known = exp.instances.iter().any(|x| x.name == name) || exp.pruned.iter().any(|p| p.name == name);
         if !known {
-            return Err(SpecError::Invalid {
-                file: specs.dir.join("tiles.yaml"),
-                field: format!("defaults[{i}]"),
-                message: format!("no instance {name}: the tile is not in the stage's tile set for that dtype and Cf"),
-            });
+            return Err(specs.invalid(
+                "tiles.yaml",
+                format!("defaults[{i}]"),
+                format!("no instance {name}: the tile is not in the stage's tile set for that dtype and Cf"),
+            ));
         }
     }
     Ok(())
@@ -225,7 +225,7 @@ fn from_snapshot(
             "no CUDA 13.0 toolchain found, and the snapshot in {} does not match this tree (fingerprint {} vs committed {}): {INSTALL_HINT}, then `cargo build` again",
             dir.display(),
             &fingerprint[..12],
-            committed.as_deref().map(|c| &c[..c.len().min(12)]).unwrap_or("none")
+            committed.as_deref().map(|c| &c[..12]).unwrap_or("none or unreadable")
         )));
     }
     let mpath = dir.join(snapshot::MANIFEST_FILE);

@@ -16,6 +16,8 @@ pub enum RenderError {
 
 /// Hand-written headers copied verbatim next to the rendered files.
 pub const STATIC_HEADERS: [&str; 2] = ["core.cuh", "stages.cuh"];
+/// The tera templates under templates/.
+pub const TEMPLATES: [&str; 2] = ["ops.cuh.tera", "instance.cu.tera"];
 
 pub struct Renderer {
     tera: tera::Tera,
@@ -73,7 +75,7 @@ fn literal(v: f64) -> String {
 impl Renderer {
     pub fn new(templates: &Path) -> Result<Renderer, RenderError> {
         let mut tera = tera::Tera::default();
-        for name in ["ops.cuh.tera", "instance.cu.tera"] {
+        for name in TEMPLATES {
             let path = templates.join(name);
             tera.add_template_file(&path, Some(name)).map_err(|e| tera_err(name, e))?;
         }

@@ -12,17 +12,28 @@ pub const MANIFEST_FILE: &str = "report.json";
 pub const CUDA_DIR: &str = "cuda";
 pub const PTX_DIR: &str = "ptx";
 
-/// Everything whose change can change the generated output.
+/// Exactly the files the generator reads or is built from, by name (README,
+/// "The snapshot"): build.rs, src/kinds.rs, src/codegen/mod.rs and the
+/// modules it declares, the three spec files and the templates the renderer
+/// loads. Anything else beside them (an editor's swap file, a backup, a
+/// scratch spec) changes nothing.
 pub fn inputs(crate_dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files = vec![crate_dir.join("build.rs"), crate_dir.join("src/kinds.rs")];
-    for dir in ["specs", "templates", "src/codegen"] {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(crate_dir.join(dir))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file())
-            .collect();
-        v.sort();
-        files.extend(v);
-    }
+    let codegen = crate_dir.join("src/codegen");
+    let mod_rs = codegen.join("mod.rs");
+    let mut modules: Vec<String> = std::fs::read_to_string(&mod_rs)?
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod ").or_else(|| l.trim().strip_prefix("mod ")))
+        .filter_map(|m| m.strip_suffix(';'))
+        .map(|m| format!("{}.rs", m.trim()))
+        .collect();
+    modules.sort();
+    files.push(mod_rs);
+    files.extend(modules.iter().map(|m| codegen.join(m)));
+    files.extend(super::spec::FILES.iter().map(|f| crate_dir.join("specs").join(f)));
+    let mut templates: Vec<&str> = super::render::STATIC_HEADERS.into_iter().chain(super::render::TEMPLATES).collect();
+    templates.sort();
+    files.extend(templates.iter().map(|t| crate_dir.join("templates").join(t)));
     Ok(files)
 }
 
@@ -42,6 +53,10 @@ pub fn fingerprint(crate_dir: &Path) -> std::io::Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
+/// The committed fingerprint; `None` when the file is missing, not UTF-8 or
+/// not a hex digest (a damaged file never matches, and never panics).
 pub fn committed_fingerprint(crate_dir: &Path) -> Option<String> {
-    std::fs::read_to_string(crate_dir.join(DIR).join(FINGERPRINT_FILE)).ok().map(|s| s.trim().to_string())
+    let text = std::fs::read_to_string(crate_dir.join(DIR).join(FINGERPRINT_FILE)).ok()?;
+    let t = text.trim();
+    (t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit())).then(|| t.to_string())
 }

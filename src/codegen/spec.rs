@@ -1,6 +1,8 @@
 //! Stage 1 of the generator: the YAML specs, parsed into typed values.
-//! Unknown fields are rejected; every error names the file, and the line
-//! and field where serde_yaml knows them, or the field path otherwise.
+//! Unknown fields are rejected; every error names the file, the line and
+//! column (serde_yaml's, or found from the field path by [`super::locate`])
+//! and the field. Every number is bounded here, so the arithmetic of
+//! expansion and layout cannot overflow (and checks that it does not).
 
 use crate::kinds::{Dtype, Stage, Variant};
 use serde::Deserialize;
@@ -13,8 +15,37 @@ pub enum SpecError {
     Io { file: PathBuf, source: std::io::Error },
     #[error("{file}:{line}:{column}: {message}")]
     Yaml { file: PathBuf, line: usize, column: usize, message: String },
-    #[error("{file}: {field}: {message}")]
-    Invalid { file: PathBuf, field: String, message: String },
+    #[error("{file}{loc}: {field}: {message}")]
+    Invalid { file: PathBuf, loc: Loc, field: String, message: String },
+}
+
+/// Where in a file an [`SpecError::Invalid`] points: `:line:column`, or
+/// nothing when the path could not be followed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Loc(pub Option<super::locate::Pos>);
+
+impl std::fmt::Display for Loc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some((line, column)) => write!(f, ":{line}:{column}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Upper bounds of the spec's numbers: beyond them no sm_90 kernel exists,
+/// and under them every product the generator forms fits in u32.
+pub mod bounds {
+    /// Channels per focus.
+    pub const CF: u32 = 1024;
+    pub const LMAX: u32 = 32;
+    /// Rows or columns of a block's tile.
+    pub const TILE: u32 = 4096;
+    /// Elements per thread along one axis.
+    pub const PER_THREAD: u32 = 64;
+    pub const THREADS: u32 = 1024;
+    /// Resident blocks per SM on sm_90.
+    pub const MIN_BLOCKS: u32 = 32;
 }
 
 // ------------------------------------------------------------ specs/ops.yaml
@@ -171,11 +202,12 @@ pub struct Specs {
     pub ops: OpsSpec,
     pub stages: StagesSpec,
     pub tiles: TilesSpec,
+    /// Each file's text (by file name), to place errors.
+    texts: BTreeMap<&'static str, String>,
 }
 
-fn parse_file<T: for<'de> Deserialize<'de>>(file: &Path) -> Result<T, SpecError> {
-    let text = std::fs::read_to_string(file).map_err(|source| SpecError::Io { file: file.to_path_buf(), source })?;
-    parse_str(file, &text)
+fn read(file: &Path) -> Result<String, SpecError> {
+    std::fs::read_to_string(file).map_err(|source| SpecError::Io { file: file.to_path_buf(), source })
 }
 
 /// Parses one spec text; `file` is only used in errors.
@@ -186,20 +218,34 @@ pub fn parse_str<T: for<'de> Deserialize<'de>>(file: &Path, text: &str) -> Resul
     })
 }
 
+/// The three spec files, in the order [`from_texts`] takes them.
+pub const FILES: [&str; 3] = ["ops.yaml", "stages.yaml", "tiles.yaml"];
+
 pub fn load(dir: &Path) -> Result<Specs, SpecError> {
+    let [ops, stages, tiles] = FILES.map(|f| read(&dir.join(f)));
+    from_texts(dir, [ops?, stages?, tiles?])
+}
+
+/// Parse and validate the texts of [`FILES`]; `dir` names them in errors.
+pub fn from_texts(dir: &Path, [ops, stages, tiles]: [String; 3]) -> Result<Specs, SpecError> {
+    let texts = BTreeMap::from([(FILES[0], ops), (FILES[1], stages), (FILES[2], tiles)]);
     let specs = Specs {
         dir: dir.to_path_buf(),
-        ops: parse_file(&dir.join("ops.yaml"))?,
-        stages: parse_file(&dir.join("stages.yaml"))?,
-        tiles: parse_file(&dir.join("tiles.yaml"))?,
+        ops: parse_str(&dir.join("ops.yaml"), &texts["ops.yaml"])?,
+        stages: parse_str(&dir.join("stages.yaml"), &texts["stages.yaml"])?,
+        tiles: parse_str(&dir.join("tiles.yaml"), &texts["tiles.yaml"])?,
+        texts,
     };
     specs.validate()?;
     Ok(specs)
 }
 
 impl Specs {
-    fn invalid(&self, file: &str, field: String, message: impl Into<String>) -> SpecError {
-        SpecError::Invalid { file: self.dir.join(file), field, message: message.into() }
+    /// An error at `field` of `file` (one of the three spec files), placed
+    /// at its line and column.
+    pub fn invalid(&self, file: &str, field: String, message: impl Into<String>) -> SpecError {
+        let loc = Loc(self.texts.get(file).and_then(|t| super::locate::locate(t, &field)));
+        SpecError::Invalid { file: self.dir.join(file), loc, field, message: message.into() }
     }
 
     /// Cross-reference checks serde cannot do.
@@ -263,8 +309,12 @@ impl Specs {
 
     fn validate_stages(&self) -> Result<(), SpecError> {
         let st = &self.stages;
-        if st.lmax.min < 1 || st.lmax.min > st.lmax.max {
-            return Err(self.invalid("stages.yaml", "lmax".into(), "need 1 <= min <= max"));
+        if st.lmax.min < 1 || st.lmax.min > st.lmax.max || st.lmax.max > bounds::LMAX {
+            return Err(self.invalid(
+                "stages.yaml",
+                "lmax".into(),
+                format!("need 1 <= min <= max <= {}", bounds::LMAX),
+            ));
         }
         let mut seen = Vec::new();
         for (i, s) in st.stages.iter().enumerate() {
@@ -287,12 +337,18 @@ impl Specs {
             if s.dtypes.is_empty() || s.cf.is_empty() {
                 return Err(self.invalid("stages.yaml", field("dtypes/cf"), "empty axis"));
             }
-            if let Some(&bad) = s.cf.iter().find(|&&c| c == 0 || c % 8 != 0) {
+            if let Some(&bad) = s.cf.iter().find(|&&c| c == 0 || c % 8 != 0 || c > bounds::CF) {
                 return Err(self.invalid(
                     "stages.yaml",
                     field("cf"),
-                    format!("Cf {bad} is not a positive multiple of 8"),
+                    format!("Cf {bad} is not a positive multiple of 8 up to {}", bounds::CF),
                 ));
+            }
+            if let Some(dup) = first_repeat(&s.cf) {
+                return Err(self.invalid("stages.yaml", field("cf"), format!("Cf {dup} listed twice")));
+            }
+            if let Some(dup) = first_repeat(&s.dtypes) {
+                return Err(self.invalid("stages.yaml", field("dtypes"), format!("{dup} listed twice")));
             }
             if s.variant == Variant::Fused {
                 if s.dtypes.iter().any(|&d| d != Dtype::F32) {
@@ -311,14 +367,45 @@ impl Specs {
         Ok(())
     }
 
+    /// `name` within `1..=max`, or an error at `field`.
+    fn bounded(&self, field: String, name: &str, v: u32, max: u32) -> Result<(), SpecError> {
+        if v == 0 || v > max {
+            return Err(self.invalid("tiles.yaml", field, format!("{name} {v}: must be positive and at most {max}")));
+        }
+        Ok(())
+    }
+
+    /// An entry's dtypes and Cf lists: non-empty, no repeats.
+    fn axes(&self, field: &dyn Fn(&str) -> String, dtypes: &[Dtype], cf: &[u32]) -> Result<(), SpecError> {
+        if dtypes.is_empty() || cf.is_empty() {
+            return Err(self.invalid("tiles.yaml", field("dtypes"), "empty dtypes or cf: the entry builds nothing"));
+        }
+        if let Some(d) = first_repeat(dtypes) {
+            return Err(self.invalid("tiles.yaml", field("dtypes"), format!("{d} listed twice")));
+        }
+        if let Some(c) = first_repeat(cf) {
+            return Err(self.invalid("tiles.yaml", field("cf"), format!("Cf {c} listed twice")));
+        }
+        Ok(())
+    }
+
     fn validate_tiles(&self) -> Result<(), SpecError> {
+        use bounds::{MIN_BLOCKS, PER_THREAD, THREADS, TILE};
         for (set, tiles) in &self.tiles.gemm {
             for (i, t) in tiles.iter().enumerate() {
                 let field = |f: &str| format!("gemm.{set}[{i}].{f}");
-                for (name, v) in [("block_m", t.block_m), ("bn", t.bn), ("tm", t.tm), ("tn", t.tn)] {
-                    if v == 0 {
-                        return Err(self.invalid("tiles.yaml", field(name), "must be positive"));
-                    }
+                self.axes(&field, &t.dtypes, &t.cf)?;
+                for (name, v, max) in [
+                    ("block_m", t.block_m, TILE),
+                    ("bn", t.bn, TILE),
+                    ("tm", t.tm, PER_THREAD),
+                    ("tn", t.tn, PER_THREAD),
+                    ("min_blocks", t.min_blocks, MIN_BLOCKS),
+                ] {
+                    self.bounded(field(name), name, v, max)?;
+                }
+                if let BlockK::Fixed(k) = t.block_k {
+                    self.bounded(field("block_k"), "block_k", k, TILE)?;
                 }
                 let stages_ok = match t.pipe {
                     crate::kinds::Pipe::Regs => (1..=2).contains(&t.stages),
@@ -331,44 +418,123 @@ impl Specs {
                         "1 or 2 with pipe: regs, 2 to 4 with pipe: async or stream",
                     ));
                 }
-                if t.min_blocks == 0 {
-                    return Err(self.invalid("tiles.yaml", field("min_blocks"), "must be positive"));
-                }
                 if t.block_m % t.tm != 0 || t.bn % t.tn != 0 {
-                    return Err(self.invalid("tiles.yaml", field("tm/tn"), "tm must divide block_m and tn divide bn"));
+                    return Err(self.invalid("tiles.yaml", field("tm"), "tm must divide block_m and tn divide bn"));
                 }
                 // Threads move 16-byte vectors: 4 floats (and 2 doubles).
                 if t.tm % 4 != 0 || t.tn % 4 != 0 || t.bn % 4 != 0 {
                     return Err(self.invalid(
                         "tiles.yaml",
-                        field("tm/tn/bn"),
+                        field("tm"),
                         "tm, tn and bn must be multiples of 4 (16-byte vectors)",
                     ));
                 }
-                let threads = (t.block_m / t.tm) * (t.bn / t.tn);
-                if threads % 32 != 0 || threads > 1024 {
+                let threads = (t.block_m / t.tm).checked_mul(t.bn / t.tn).filter(|&n| n <= THREADS);
+                if threads.is_none_or(|n| n % 32 != 0) {
+                    let n = (t.block_m / t.tm) as u64 * (t.bn / t.tn) as u64;
                     return Err(self.invalid(
                         "tiles.yaml",
-                        field("block_m/bn/tm/tn"),
-                        format!("{threads} threads: need a multiple of 32, at most 1024"),
+                        field("block_m"),
+                        format!("(block_m/tm) * (bn/tn) = {n} threads: need a multiple of 32, at most {THREADS}"),
+                    ));
+                }
+                if let Some(j) = tiles[..i].iter().position(|u| same_tile(u, t)) {
+                    return Err(self.invalid(
+                        "tiles.yaml",
+                        field("block_m"),
+                        format!(
+                            "the same tile as gemm.{set}[{j}] (line {}) for a shared dtype and Cf: two instances would share one name",
+                            self.line_of("tiles.yaml", &format!("gemm.{set}[{j}]"))
+                        ),
                     ));
                 }
             }
         }
         for (set, tiles) in &self.tiles.rows {
             for (i, t) in tiles.iter().enumerate() {
-                if t.rows == 0 || t.threads == 0 || t.threads % 32 != 0 || t.threads > 1024 {
+                let field = |f: &str| format!("rows.{set}[{i}].{f}");
+                self.axes(&field, &t.dtypes, &t.cf)?;
+                self.bounded(field("rows"), "rows", t.rows, TILE)?;
+                self.bounded(field("threads"), "threads", t.threads, THREADS)?;
+                self.bounded(field("min_blocks"), "min_blocks", t.min_blocks, MIN_BLOCKS)?;
+                if t.threads % 32 != 0 {
+                    return Err(self.invalid("tiles.yaml", field("threads"), "threads must be a multiple of 32"));
+                }
+                let dup = tiles[..i].iter().position(|u| {
+                    (u.rows, u.threads, u.min_blocks) == (t.rows, t.threads, t.min_blocks) && overlaps(u, t)
+                });
+                if let Some(j) = dup {
                     return Err(self.invalid(
                         "tiles.yaml",
-                        format!("rows.{set}[{i}]"),
-                        "rows > 0 and threads a multiple of 32, at most 1024",
+                        field("rows"),
+                        format!(
+                            "the same tile as rows.{set}[{j}] (line {}) for a shared dtype and Cf: two instances would share one name",
+                            self.line_of("tiles.yaml", &format!("rows.{set}[{j}]"))
+                        ),
                     ));
                 }
-                if t.min_blocks == 0 {
-                    return Err(self.invalid("tiles.yaml", format!("rows.{set}[{i}].min_blocks"), "must be positive"));
-                }
+            }
+        }
+        self.validate_defaults()
+    }
+
+    /// One default per (stage, dtype, Cf): with two, the winner would be
+    /// whichever the table met first.
+    fn validate_defaults(&self) -> Result<(), SpecError> {
+        let d = &self.tiles.defaults;
+        for (i, x) in d.iter().enumerate() {
+            if let Some(j) = d[..i].iter().position(|y| (y.stage, y.dtype, y.cf) == (x.stage, x.dtype, x.cf)) {
+                return Err(self.invalid(
+                    "tiles.yaml",
+                    format!("defaults[{i}]"),
+                    format!(
+                        "a second default for ({}, {}, Cf {}): defaults[{j}] (line {}) names {}",
+                        x.stage,
+                        x.dtype,
+                        x.cf,
+                        self.line_of("tiles.yaml", &format!("defaults[{j}]")),
+                        d[j].tile
+                    ),
+                ));
             }
         }
         Ok(())
     }
+
+    /// The line of `field` in `file`, or `?`.
+    pub fn line_of(&self, file: &str, field: &str) -> String {
+        self.texts
+            .get(file)
+            .and_then(|t| super::locate::locate(t, field))
+            .map_or_else(|| "?".into(), |(line, _)| line.to_string())
+    }
+}
+
+/// The first value listed twice.
+fn first_repeat<T: PartialEq + Copy>(v: &[T]) -> Option<T> {
+    v.iter().enumerate().find(|(i, x)| v[..*i].contains(x)).map(|(_, x)| *x)
+}
+
+fn shares_axis<T: PartialEq>(a: &[T], b: &[T]) -> bool {
+    a.iter().any(|x| b.contains(x))
+}
+
+fn overlaps(a: &RowsTileSpec, b: &RowsTileSpec) -> bool {
+    shares_axis(&a.dtypes, &b.dtypes) && shares_axis(&a.cf, &b.cf)
+}
+
+/// Two GEMM entries that give one (dtype, Cf) the same geometry, hence one
+/// name (`block_k: cf` equals the number Cf).
+fn same_tile(a: &GemmTileSpec, b: &GemmTileSpec) -> bool {
+    let rest = |t: &GemmTileSpec| (t.block_m, t.bn, t.tm, t.tn, t.stages, t.min_blocks, t.pipe);
+    if rest(a) != rest(b) || !shares_axis(&a.dtypes, &b.dtypes) {
+        return false;
+    }
+    a.cf.iter().filter(|c| b.cf.contains(c)).any(|&c| {
+        let k = |t: &GemmTileSpec| match t.block_k {
+            BlockK::Fixed(k) => k,
+            BlockK::Named(_) => c,
+        };
+        k(a) == k(b)
+    })
 }
