@@ -35,7 +35,21 @@
  *     runtime and PyTorch use). Calls restore the thread's current context.
  *   - A handle may be used from any thread, also concurrently; work on
  *     different streams is ordered only by the caller. Destroy a handle once,
- *     after its last call.
+ *     after its last call: a handle must not be destroyed while another
+ *     thread is in a call on it.
+ *   - Handles are checked: every function that takes one looks it up in a
+ *     process-wide registry of live handles before using it, and refuses a
+ *     destroyed handle, or any value mixstack_stack_create did not return (a
+ *     foreign or garbage pointer), with MIXSTACK_ERR_INVALID_HANDLE without
+ *     reading anything through it; mixstack_stack_destroy records the same
+ *     error for mixstack_last_error() and frees nothing. A handle is an
+ *     opaque token, not an address, and is never reused in a process, so a
+ *     destroyed handle stays invalid after later creates. The registry guards
+ *     against destroyed and foreign handles only; it does not make destroying
+ *     a handle in use a supported pattern (if it happens anyway, the call in
+ *     flight completes and the stack is freed when it returns, not by destroy;
+ *     later calls with the handle are refused). The registry's lock is held
+ *     only for the lookup, never while a call runs.
  */
 #ifndef MIXSTACK_H
 #define MIXSTACK_H
@@ -60,9 +74,11 @@ typedef enum mixstack_status {
     MIXSTACK_ERR_UNSUPPORTED = 5,  /* valid request the build or device cannot serve */
     MIXSTACK_ERR_CUDA = 6,         /* no CUDA driver, or a driver call failed */
     MIXSTACK_ERR_INTERNAL = 7,     /* a bug (caught panic, inconsistent kernel table) */
-    MIXSTACK_ERR_BAD_ARGUMENT = 8  /* other invalid argument: path code, device, overlapping outputs,
+    MIXSTACK_ERR_BAD_ARGUMENT = 8, /* other invalid argument: path code, device, overlapping outputs,
                                       pointer not memory of the stack's device, stream of another
                                       context, malformed MIXSTACK_STACK_BWD_FUSED */
+    MIXSTACK_ERR_INVALID_HANDLE = 9 /* a non-NULL handle that is not live: destroyed already, or not
+                                       returned by mixstack_stack_create (nothing is read through it) */
 } mixstack_status;
 
 /* dtype codes of mixstack_stack_create. */
@@ -76,7 +92,8 @@ typedef enum mixstack_status {
 #define MIXSTACK_PATH_RELAY 1
 #define MIXSTACK_PATH_FUSED 2
 
-/* Opaque handle: one stack (shape, weights, kernels) on one device. */
+/* Opaque handle: one stack (shape, weights, kernels) on one device. A token checked
+ * against the registry of live handles, never dereferenced by the caller or the library. */
 typedef struct mixstack_stack mixstack_stack;
 
 /* Create a stack of dtype (0 f32, 1 f64) on device `device` for shape (f, cf, lmax,
@@ -112,7 +129,9 @@ int mixstack_release_cached_memory(mixstack_stack* stack);
 const char* mixstack_last_error(void);
 
 /* Destroy a stack: waits for the device's work, frees the weights. NULL is a no-op.
- * Returns nothing. */
+ * Returns nothing. A handle that is not live (destroyed already, or not from
+ * mixstack_stack_create) frees nothing and touches nothing: the call stores a message
+ * naming mixstack_stack_destroy and MIXSTACK_ERR_INVALID_HANDLE for mixstack_last_error(). */
 void mixstack_stack_destroy(mixstack_stack* stack);
 
 /* MIXSTACK_ABI_VERSION of the loaded library (compare with the header's). */

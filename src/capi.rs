@@ -1,6 +1,6 @@
 //! The C ABI over [`crate::runtime::Stack`] (header: `include/mixstack.h`).
 //!
-//! An opaque handle, [`mixstack_stack`], owns one `Stack<f32>` or
+//! An opaque handle, `mixstack_stack*`, names one `Stack<f32>` or
 //! `Stack<f64>` on the primary context of one device (the context the CUDA
 //! runtime, and so PyTorch, uses). Forward and backward run on the caller's
 //! `CUstream` over caller-owned device buffers (layouts of
@@ -15,19 +15,46 @@
 //!   pointer not aligned to the element size, an unknown dtype or path code,
 //!   outputs that overlap another tensor, a pointer the driver does not know
 //!   as memory of the stack's device, a stream of another context;
+//! - a handle is looked up in the process-wide registry of live handles
+//!   before it is used: a destroyed handle or a value that never came from
+//!   `mixstack_stack_create` is refused with `MIXSTACK_ERR_INVALID_HANDLE`
+//!   (see [the handle registry](#the-handle-registry));
 //! - E == 0 returns `MIXSTACK_OK` without touching any buffer;
 //! - a failing call stores a message for [`mixstack_last_error`] (per
 //!   thread); a successful call leaves it alone;
 //! - the calling thread's current CUDA context is restored on return.
+//!
+//! # The handle registry
+//!
+//! A handle is not an address: it is a token, drawn from a process-wide
+//! counter and never reused, that the registry (a map behind one mutex) maps
+//! to the stack it names. On 64-bit targets every token has tag bits above
+//! the user address range, so no pointer to real memory is ever a live
+//! handle. Nothing behind the caller's pointer is ever read: a foreign,
+//! garbage or destroyed handle costs one map lookup and is refused. Create
+//! registers the stack; destroy removes it from the registry first, so a
+//! second destroy finds nothing to free and records the error.
+//!
+//! The registry lock is held only for the lookup (or the insertion or
+//! removal), never while a call runs: calls on independent stacks, and
+//! concurrent calls on one stack, do not wait on each other. A call holds its
+//! own reference (`Arc`) to the stack from the lookup to its return. The
+//! registry protects against destroyed and foreign handles; the contract
+//! (include/mixstack.h) still says a handle must not be destroyed while
+//! another thread is in a call on it. Should that happen anyway, it stays
+//! memory-safe: the call in flight finishes on a live stack, which is freed
+//! when that call returns instead of inside destroy, and any later call with
+//! the handle is refused.
 
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)]
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::fmt::Display;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::sys::{self, CUcontext, CUdeviceptr, CUpointer_attribute, CUresult, CUstream};
 use cudarc::driver::{result, CudaContext, CudaStream};
@@ -69,6 +96,10 @@ pub enum mixstack_status {
     /// device, a stream of another context, a malformed
     /// `MIXSTACK_STACK_BWD_FUSED`.
     MIXSTACK_ERR_BAD_ARGUMENT = 8,
+    /// A non-null handle that is not live: destroyed already, or never
+    /// returned by `mixstack_stack_create` (a foreign or garbage pointer).
+    /// Nothing behind it is read.
+    MIXSTACK_ERR_INVALID_HANDLE = 9,
 }
 
 use mixstack_status::*;
@@ -78,7 +109,7 @@ impl mixstack_status {
         self as c_int
     }
     /// Every status, in code order.
-    pub const ALL: [mixstack_status; 9] = [
+    pub const ALL: [mixstack_status; 10] = [
         MIXSTACK_OK,
         MIXSTACK_ERR_NULL_POINTER,
         MIXSTACK_ERR_BAD_SHAPE,
@@ -88,6 +119,7 @@ impl mixstack_status {
         MIXSTACK_ERR_CUDA,
         MIXSTACK_ERR_INTERNAL,
         MIXSTACK_ERR_BAD_ARGUMENT,
+        MIXSTACK_ERR_INVALID_HANDLE,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -100,6 +132,7 @@ impl mixstack_status {
             MIXSTACK_ERR_CUDA => "MIXSTACK_ERR_CUDA",
             MIXSTACK_ERR_INTERNAL => "MIXSTACK_ERR_INTERNAL",
             MIXSTACK_ERR_BAD_ARGUMENT => "MIXSTACK_ERR_BAD_ARGUMENT",
+            MIXSTACK_ERR_INVALID_HANDLE => "MIXSTACK_ERR_INVALID_HANDLE",
         }
     }
 }
@@ -138,9 +171,10 @@ pub fn status_of(e: &MixError) -> mixstack_status {
         | MixError::SizeOverflow { .. }
         | MixError::BlasSize { .. } => MIXSTACK_ERR_BAD_SHAPE,
         MixError::UnsupportedDtype { .. } => MIXSTACK_ERR_BAD_DTYPE,
-        MixError::BadOverride { .. } | MixError::InvalidSwitch { .. } | MixError::ContextMismatch { .. } => {
-            MIXSTACK_ERR_BAD_ARGUMENT
-        }
+        MixError::BadOverride { .. }
+        | MixError::InvalidSwitch { .. }
+        | MixError::ContextMismatch { .. }
+        | MixError::ScratchCap { .. } => MIXSTACK_ERR_BAD_ARGUMENT,
         MixError::NoDriver { .. } | MixError::Driver { .. } | MixError::Blas { .. } => MIXSTACK_ERR_CUDA,
         MixError::SharedMemory { .. } => MIXSTACK_ERR_UNSUPPORTED,
         MixError::TableInconsistent { .. } => MIXSTACK_ERR_INTERNAL,
@@ -202,8 +236,16 @@ enum Inner {
     F64(Stack<f64>),
 }
 
-/// Opaque handle: one stack on one device.
+/// The opaque handle type of the C ABI. A `*mut mixstack_stack` is a token
+/// of the handle registry, never the address of a value of this type: no
+/// value of it is ever made, and nothing is ever read through the pointer.
+#[repr(C)]
 pub struct mixstack_stack {
+    _opaque: [u8; 0],
+}
+
+/// What a live handle names: one stack on one device.
+struct StackState {
     // Field order is drop order: the stack (it synchronizes the context and
     // frees the weights) before the context reference.
     inner: Inner,
@@ -212,13 +254,13 @@ pub struct mixstack_stack {
     shape: StackShape,
 }
 
-// The handle is used from any thread (PyTorch runs backward on its own).
+// The stack is used from any thread (PyTorch runs backward on its own).
 const _: fn() = || {
     fn send_sync<X: Send + Sync>() {}
-    send_sync::<mixstack_stack>();
+    send_sync::<StackState>();
 };
 
-impl mixstack_stack {
+impl StackState {
     fn elem_size(&self) -> usize {
         match self.inner {
             Inner::F32(_) => 4,
@@ -246,6 +288,108 @@ impl Drop for CurrentContext {
             let _ = sys::cuCtxSetCurrent(to);
         }
     }
+}
+
+// ----------------------------------------------------------------------
+// the handle registry (see the module documentation)
+// ----------------------------------------------------------------------
+
+/// Tag bits of every token: above the user address range of 64-bit targets
+/// (x86-64 and AArch64 user space ends below 2^48), so an address of real
+/// memory is never a live handle. Zero (no tag) where usize is narrower.
+const TOKEN_TAG: usize = (0x4d53_u64 << 48) as usize;
+
+/// Live handles: token -> stack, and the counter tokens are drawn from.
+struct Registry {
+    /// Tokens handed out so far; the next token derives from `issued + 1`.
+    issued: u64,
+    live: BTreeMap<usize, Arc<StackState>>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { issued: 0, live: BTreeMap::new() });
+
+/// The registry, locked. Nothing panics while it is held, but a poisoned
+/// lock still guards a consistent map: take it over.
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Register a new stack; returns its handle (never null, never reused).
+fn register(state: StackState) -> Result<*mut mixstack_stack, Fail> {
+    let state = Live(Some(Arc::new(state)));
+    let token = {
+        let mut reg = registry();
+        reg.issued += 1;
+        // 16-byte steps below the tag: 2^44 creates before the counter
+        // reaches the tag bits.
+        let token = TOKEN_TAG | ((reg.issued as usize) << 4);
+        match reg.live.entry(token) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Arc::clone(state.0.as_ref().expect("just made")));
+                Some(token)
+            }
+            std::collections::btree_map::Entry::Occupied(_) => None,
+        }
+    };
+    // On failure `state` (the only reference) frees the stack here, after
+    // the lock is released.
+    let token =
+        token.ok_or_else(|| fail(MIXSTACK_ERR_INTERNAL, "the handle registry ran out of fresh handle values"))?;
+    Ok(token as *mut mixstack_stack)
+}
+
+fn invalid_handle(stack: *const mixstack_stack) -> Fail {
+    fail(
+        MIXSTACK_ERR_INVALID_HANDLE,
+        format!(
+            "{stack:p} is not a live stack handle: destroyed already, or not returned by mixstack_stack_create \
+             (nothing behind it was read)"
+        ),
+    )
+}
+
+/// A call's reference to a live stack, taken from the registry. Dropping the
+/// last reference (the handle was destroyed while this call ran) frees the
+/// stack here, with the thread's current context restored afterwards.
+struct Live(Option<Arc<StackState>>);
+
+impl std::ops::Deref for Live {
+    type Target = StackState;
+    fn deref(&self) -> &StackState {
+        self.0.as_deref().expect("a Live holds its stack until dropped")
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(last) = self.0.take().and_then(Arc::into_inner) {
+            // A stack exists, so the driver is loaded.
+            let _restore = CurrentContext::save();
+            drop(last);
+        }
+    }
+}
+
+/// The stack behind a handle: null is `MIXSTACK_ERR_NULL_POINTER`, a handle
+/// not in the registry `MIXSTACK_ERR_INVALID_HANDLE`. The registry lock is
+/// held only for the lookup; the pointer is never dereferenced.
+fn handle(stack: *const mixstack_stack) -> Result<Live, Fail> {
+    if stack.is_null() {
+        return Err(fail(MIXSTACK_ERR_NULL_POINTER, "the stack handle is null"));
+    }
+    let found = registry().live.get(&(stack as usize)).cloned();
+    found.map(|s| Live(Some(s))).ok_or_else(|| invalid_handle(stack))
+}
+
+/// Remove a live handle from the registry (null is an error here too; the
+/// caller treats it first). The stack is freed when the returned reference
+/// drops, unless a call on another thread still holds one.
+fn unregister(stack: *const mixstack_stack) -> Result<Live, Fail> {
+    if stack.is_null() {
+        return Err(fail(MIXSTACK_ERR_NULL_POINTER, "the stack handle is null"));
+    }
+    let removed = registry().live.remove(&(stack as usize));
+    removed.map(|s| Live(Some(s))).ok_or_else(|| invalid_handle(stack))
 }
 
 // ----------------------------------------------------------------------
@@ -296,15 +440,6 @@ fn check_no_overlap(outputs: &[Tensor], inputs: &[Tensor]) -> Result<(), Fail> {
         }
     }
     Ok(())
-}
-
-/// The stack behind a handle; a null handle is an error.
-///
-/// # Safety
-/// `stack` is null or a live handle from `mixstack_stack_create`.
-unsafe fn handle<'a>(stack: *const mixstack_stack) -> Result<&'a mixstack_stack, Fail> {
-    // SAFETY: the caller's contract.
-    unsafe { stack.as_ref() }.ok_or_else(|| fail(MIXSTACK_ERR_NULL_POINTER, "the stack handle is null"))
 }
 
 fn edges(e: i64) -> Result<usize, Fail> {
@@ -416,7 +551,7 @@ struct CreateArgs {
     cu_stream: *mut c_void,
 }
 
-fn create_typed<T: Element>(a: &CreateArgs, wrap: fn(Stack<T>) -> Inner) -> Result<mixstack_stack, Fail> {
+fn create_typed<T: Element>(a: &CreateArgs, wrap: fn(Stack<T>) -> Inner) -> Result<StackState, Fail> {
     let elem = std::mem::size_of::<T>();
     let sh = a.shape;
     // Shape against the build's table first (CPU only, no driver needed).
@@ -454,7 +589,7 @@ fn create_typed<T: Element>(a: &CreateArgs, wrap: fn(Stack<T>) -> Inner) -> Resu
     // on the caller's stream: they are freed at destroy, when the caller's
     // stream may be gone. `Stack::new` waits for the upload.
     let stack = Stack::<T>::new(&ctx.default_stream(), sh, &w0, &w1, &gw)?;
-    Ok(mixstack_stack { inner: wrap(stack), ctx, device: a.device, shape: sh })
+    Ok(StackState { inner: wrap(stack), ctx, device: a.device, shape: sh })
 }
 
 /// See `mixstack_stack_create` in include/mixstack.h.
@@ -489,28 +624,32 @@ pub unsafe extern "C" fn mixstack_stack_create(
         let t = |name, p| Tensor { name, ptr: dptr(p), bytes: 0 };
         let args =
             CreateArgs { device, shape, w0: t("w0", w0_dev), w1: t("w1", w1_dev), gw: t("gw", gw_dev), cu_stream };
-        let handle = if dtype == MIXSTACK_DTYPE_F32 {
+        let state = if dtype == MIXSTACK_DTYPE_F32 {
             create_typed::<f32>(&args, Inner::F32)?
         } else {
             create_typed::<f64>(&args, Inner::F64)?
         };
+        let h = register(state)?;
         // SAFETY: as above.
-        unsafe { *out = Box::into_raw(Box::new(handle)) };
+        unsafe { *out = h };
         Ok(())
     })
 }
 
-/// See `mixstack_stack_destroy` in include/mixstack.h.
+/// See `mixstack_stack_destroy` in include/mixstack.h. A handle that is not
+/// live (a second destroy, a foreign pointer) frees nothing and records
+/// `MIXSTACK_ERR_INVALID_HANDLE` for [`mixstack_last_error`]; the C function
+/// returns nothing.
 #[no_mangle]
 pub unsafe extern "C" fn mixstack_stack_destroy(stack: *mut mixstack_stack) {
     let _ = boundary("mixstack_stack_destroy", || {
         if stack.is_null() {
             return Ok(());
         }
-        let _restore = CurrentContext::save();
-        // SAFETY: a handle from mixstack_stack_create, destroyed once
-        // (caller contract).
-        drop(unsafe { Box::from_raw(stack) });
+        // Out of the registry first (under its lock), freed after the lock
+        // is released: the stack's drop waits for the device.
+        let last = unregister(stack)?;
+        drop(last);
         Ok(())
     });
 }
@@ -523,7 +662,7 @@ pub unsafe extern "C" fn mixstack_stack_destroy(stack: *mut mixstack_stack) {
 /// drop of the returned guard), wrap and check the stream, check that every
 /// tensor is memory of the stack's device.
 fn enter(
-    s: &mixstack_stack,
+    s: &StackState,
     cu_stream: *mut c_void,
     tensors: &[Tensor],
 ) -> Result<(CurrentContext, Arc<CudaStream>), Fail> {
@@ -551,8 +690,7 @@ pub unsafe extern "C" fn mixstack_forward(
 ) -> c_int {
     boundary("mixstack_forward", || {
         let e = edges(e)?;
-        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
-        let s = unsafe { handle(stack) }?;
+        let s = handle(stack)?;
         if e == 0 {
             return Ok(());
         }
@@ -577,7 +715,7 @@ pub unsafe extern "C" fn mixstack_forward(
         let outputs: Vec<Tensor> = all[2..].to_vec();
         check_no_overlap(&outputs, &all[..2])?;
 
-        let (_restore, stream) = enter(s, cu_stream, &all)?;
+        let (_restore, stream) = enter(&s, cu_stream, &all)?;
         let ptrs = ForwardPtrs {
             u0: u0_t.ptr,
             alpha: alpha_t.ptr,
@@ -614,8 +752,7 @@ pub unsafe extern "C" fn mixstack_backward(
     boundary("mixstack_backward", || {
         let mode = path_mode(path)?;
         let e = edges(e)?;
-        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
-        let s = unsafe { handle(stack) }?;
+        let s = handle(stack)?;
         if e == 0 {
             return Ok(());
         }
@@ -644,7 +781,7 @@ pub unsafe extern "C" fn mixstack_backward(
         check_no_overlap(&outputs, &inputs)?;
 
         let all: Vec<Tensor> = inputs.iter().chain(&outputs).copied().collect();
-        let (_restore, stream) = enter(s, cu_stream, &all)?;
+        let (_restore, stream) = enter(&s, cu_stream, &all)?;
         let ptrs = BackwardPtrs {
             grad_out: go_t.ptr,
             out: out_t.ptr,
@@ -677,8 +814,7 @@ pub unsafe extern "C" fn mixstack_last_path(
     reason_len: usize,
 ) -> c_int {
     boundary("mixstack_last_path", || {
-        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
-        let s = unsafe { handle(stack) }?;
+        let s = handle(stack)?;
         if path.is_null() {
             return Err(fail(MIXSTACK_ERR_NULL_POINTER, "`path` (where the path code is stored) is null"));
         }
@@ -716,8 +852,7 @@ pub unsafe extern "C" fn mixstack_last_path(
 #[no_mangle]
 pub unsafe extern "C" fn mixstack_release_cached_memory(stack: *mut mixstack_stack) -> c_int {
     boundary("mixstack_release_cached_memory", || {
-        // SAFETY: the caller passes a live handle from mixstack_stack_create, or null.
-        let s = unsafe { handle(stack) }?;
+        let s = handle(stack)?;
         match &s.inner {
             Inner::F32(st) => st.release_cached_memory()?,
             Inner::F64(st) => st.release_cached_memory()?,

@@ -72,6 +72,11 @@ pub enum VectorError {
         source: serde_json::Error,
     },
 
+    /// The manifest parses but lists no case: whatever reads the directory
+    /// (verify, the tests) would check nothing and pass.
+    #[error("{}: the manifest lists no case: nothing would be verified", .path.display())]
+    NoCases { path: PathBuf },
+
     #[error("{}: case {case}: {problem}", .path.display())]
     BadCase { path: PathBuf, case: usize, problem: String },
 
@@ -133,12 +138,17 @@ struct ManifestTensor {
     dtype: String,
 }
 
-/// Load every case listed in `dir/manifest.json`, in manifest order.
+/// Load every case listed in `dir/manifest.json`, in manifest order. A
+/// manifest that lists no case is an error ([`VectorError::NoCases`]): a
+/// caller would otherwise check nothing and report success.
 pub fn load_dir(dir: &Path) -> Result<Vec<Case>, VectorError> {
     let manifest_path = dir.join("manifest.json");
     let text = read_bytes(&manifest_path)?;
     let cases: Vec<ManifestCase> = serde_json::from_slice(&text)
         .map_err(|source| VectorError::ManifestJson { path: manifest_path.clone(), source })?;
+    if cases.is_empty() {
+        return Err(VectorError::NoCases { path: manifest_path });
+    }
     cases.iter().map(|mc| load_case(dir, &manifest_path, mc)).collect()
 }
 

@@ -4,13 +4,22 @@
 //! every check here happens before the driver is touched, except `create`
 //! with valid arguments, which must fail cleanly (CUDA_ERROR without a
 //! driver) rather than panic.
+//!
+//! The handle registry: foreign, garbage and dangling handles are refused by
+//! every entry point without a GPU. The last section needs a CUDA device for
+//! real handles (double destroy, use after destroy, destroy racing a call);
+//! without one each of its tests prints `SKIPPED (no CUDA device): <name>`
+//! and passes.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::{null, null_mut};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use mixstack::capi::*;
 use mixstack::runtime::device::driver_present;
-use mixstack::runtime::Dispatch;
+use mixstack::runtime::{open_device, Dispatch, StackShape};
 
 const HEADER: &str = include_str!("../include/mixstack.h");
 const CAPI_SRC: &str = include_str!("../src/capi.rs");
@@ -448,5 +457,358 @@ fn header_status_codes_and_constants_match() {
     // The codes are distinct and dense from 0.
     for (i, s) in mixstack_status::ALL.iter().enumerate() {
         assert_eq!(s.code(), i as c_int);
+    }
+}
+
+// ----------------------------------------------------------------------
+// the handle registry: foreign, garbage and dangling handles (no GPU)
+// ----------------------------------------------------------------------
+
+/// Call every entry point that takes a handle with `h`, which is not a live
+/// handle: each must refuse it with MIXSTACK_ERR_INVALID_HANDLE (E == 0
+/// included: before the registry, E == 0 returned MIXSTACK_OK on any
+/// pointer), name the function and the handle in its message, and write no
+/// out-parameter. Before the registry, every call with E > 0 read through
+/// `h` and destroy freed it.
+fn assert_every_entry_point_refuses(h: *mut mixstack_stack) {
+    let want = mixstack_status::MIXSTACK_ERR_INVALID_HANDLE;
+    let addr = format!("{h:p}");
+    let check = |rc: c_int, func: &str| {
+        let msg = last_error();
+        assert!(msg.starts_with(&format!("{func}:")), "message should name {func}: {msg}");
+        assert_fails(rc, want, &msg, &["not a live stack handle", &addr]);
+    };
+    for e in [0i64, 97] {
+        let rc = unsafe {
+            mixstack_forward(h, e, fake(256), fake(512), 1, fake(1024) as *mut _, fake(2048) as *mut _, null_mut())
+        };
+        check(rc, "mixstack_forward");
+        for path in [MIXSTACK_PATH_AUTO, MIXSTACK_PATH_RELAY, MIXSTACK_PATH_FUSED] {
+            let rc = unsafe {
+                mixstack_backward(
+                    h,
+                    e,
+                    fake(256),
+                    fake(512),
+                    fake(1024),
+                    fake(2048),
+                    1,
+                    fake(4096) as *mut _,
+                    fake(8192) as *mut _,
+                    path,
+                    null_mut(),
+                )
+            };
+            check(rc, "mixstack_backward");
+        }
+    }
+    let mut path: c_int = 77;
+    let mut buf = [0x55 as c_char; 64];
+    let rc = unsafe { mixstack_last_path(h, &mut path, buf.as_mut_ptr(), buf.len()) };
+    check(rc, "mixstack_last_path");
+    assert_eq!(path, 77, "a refused last_path writes no path");
+    assert!(buf.iter().all(|&c| c == 0x55), "a refused last_path writes no reason");
+    let rc = unsafe { mixstack_release_cached_memory(h) };
+    check(rc, "mixstack_release_cached_memory");
+    // destroy returns nothing: it must free nothing and record the error
+    // (the text above is release_cached_memory's; destroy must replace it),
+    // the second time as the first.
+    for _ in 0..2 {
+        unsafe { mixstack_stack_destroy(h) };
+        check(want.code(), "mixstack_stack_destroy");
+    }
+}
+
+#[test]
+fn invalid_handle_status_is_new_and_keeps_the_old_codes() {
+    use mixstack_status::*;
+    assert_eq!(MIXSTACK_ERR_INVALID_HANDLE.code(), 9);
+    assert_eq!(MIXSTACK_ERR_INVALID_HANDLE.name(), "MIXSTACK_ERR_INVALID_HANDLE");
+    assert_eq!(MIXSTACK_ERR_NULL_POINTER.code(), 1);
+    assert_eq!(MIXSTACK_ERR_BAD_ARGUMENT.code(), 8);
+    assert!(HEADER.contains("MIXSTACK_ERR_INVALID_HANDLE = 9"), "the header documents the new status");
+}
+
+#[test]
+fn foreign_pointer_to_a_local_is_refused_and_left_untouched() {
+    let mut local: u64 = 0x0123_4567_89ab_cdef;
+    let h = std::ptr::addr_of_mut!(local) as *mut mixstack_stack;
+    assert_every_entry_point_refuses(std::hint::black_box(h));
+    assert_eq!(std::hint::black_box(local), 0x0123_4567_89ab_cdef, "nothing was written through the handle");
+}
+
+#[test]
+fn double_destroy_of_a_foreign_pointer_frees_nothing() {
+    // Before the registry, the first destroy passed a stack address to the
+    // allocator's free (a crash at best).
+    let mut local: u64 = 0x0bad_f00d_0bad_f00d;
+    let h = std::ptr::addr_of_mut!(local) as *mut mixstack_stack;
+    for _ in 0..2 {
+        let rc = unsafe { mixstack_release_cached_memory(null_mut()) };
+        assert_eq!(rc, code(mixstack_status::MIXSTACK_ERR_NULL_POINTER));
+        unsafe { mixstack_stack_destroy(std::hint::black_box(h)) };
+        let msg = last_error();
+        assert!(msg.starts_with("mixstack_stack_destroy:"), "destroy must record its error: {msg}");
+        assert_fails(
+            code(mixstack_status::MIXSTACK_ERR_INVALID_HANDLE),
+            mixstack_status::MIXSTACK_ERR_INVALID_HANDLE,
+            &msg,
+            &["not a live stack handle", &format!("{h:p}")],
+        );
+    }
+    assert_eq!(std::hint::black_box(local), 0x0bad_f00d_0bad_f00d);
+}
+
+#[test]
+fn foreign_pointer_to_heap_memory_is_refused() {
+    let mut block = vec![0xa5u8; 4096];
+    let h = block.as_mut_ptr() as *mut mixstack_stack;
+    assert_every_entry_point_refuses(h);
+    assert!(block.iter().all(|&b| b == 0xa5), "nothing was written through the handle");
+}
+
+#[test]
+fn dangling_pointer_is_refused() {
+    // A freed heap block: before the registry, destroy freed it a second
+    // time and the calls read freed memory.
+    let p = Box::into_raw(Box::new([0u64; 64]));
+    drop(unsafe { Box::from_raw(p) });
+    assert_every_entry_point_refuses(p as *mut mixstack_stack);
+}
+
+#[test]
+fn garbage_handle_values_are_refused() {
+    for v in [0x8usize, 0x10, 0xdead_beef, usize::MAX, usize::MAX & !0xf, 1 << 47] {
+        assert_every_entry_point_refuses(v as *mut mixstack_stack);
+    }
+}
+
+#[test]
+fn null_handle_keeps_its_status_and_destroy_null_stays_a_noop() {
+    std::thread::spawn(|| {
+        let rc = unsafe { mixstack_forward(null_mut(), 0, null(), null(), 0, null_mut(), null_mut(), null_mut()) };
+        assert_fails(rc, mixstack_status::MIXSTACK_ERR_NULL_POINTER, &last_error(), &["handle"]);
+        let rc = unsafe { mixstack_release_cached_memory(null_mut()) };
+        assert_fails(rc, mixstack_status::MIXSTACK_ERR_NULL_POINTER, &last_error(), &["handle"]);
+        let before = last_error();
+        unsafe { mixstack_stack_destroy(null_mut()) };
+        assert_eq!(last_error(), before, "destroy(NULL) is no failure: the text stays");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn scalar_checks_still_come_before_the_handle_check() {
+    // A foreign handle with E < 0 or an unknown path code: the scalar error,
+    // as for NULL (nothing is read either way).
+    let mut local = 0u64;
+    let h = std::ptr::addr_of_mut!(local) as *mut mixstack_stack;
+    let rc = unsafe { mixstack_forward(h, -3, null(), null(), 0, null_mut(), null_mut(), null_mut()) };
+    assert_fails(rc, mixstack_status::MIXSTACK_ERR_BAD_SHAPE, &last_error(), &["E = -3"]);
+    let rc =
+        unsafe { mixstack_backward(h, 10, null(), null(), null(), null(), 1, null_mut(), null_mut(), 9, null_mut()) };
+    assert_fails(rc, mixstack_status::MIXSTACK_ERR_BAD_ARGUMENT, &last_error(), &["path", "9"]);
+}
+
+#[test]
+fn header_states_the_handle_rules() {
+    // The header's text without line breaks and the comments' leading `*`.
+    let flat: String = HEADER.split_whitespace().filter(|w| *w != "*").collect::<Vec<_>>().join(" ");
+    for needle in [
+        "a handle must not be destroyed while another thread is in a call on it",
+        "MIXSTACK_ERR_INVALID_HANDLE without reading anything through it",
+        "guards against destroyed and foreign handles only",
+    ] {
+        assert!(flat.contains(needle), "include/mixstack.h should say `{needle}`");
+    }
+    let destroy_doc = flat.split("/* Destroy a stack").nth(1).expect("destroy's comment").split("*/").next().unwrap();
+    assert!(destroy_doc.contains("MIXSTACK_ERR_INVALID_HANDLE"), "destroy's comment names the status: {destroy_doc}");
+}
+
+// ----------------------------------------------------------------------
+// the handle registry with real handles (GPU; SKIPPED without one)
+// ----------------------------------------------------------------------
+
+/// F = 2, Cf = 32, lmax = 3, n_layers = 3 (vectors case 0), f32.
+const SHAPE: (usize, usize, usize, usize) = (2, 32, 3, 3);
+const E: usize = 97;
+
+fn shape() -> StackShape {
+    StackShape::new(SHAPE.0, SHAPE.1, SHAPE.2, SHAPE.3)
+}
+
+/// The device's primary context and its legacy default stream, or `None`
+/// after printing the skip line.
+fn gpu(test: &str) -> Option<(Arc<CudaContext>, Arc<CudaStream>)> {
+    let ctx = match open_device(0) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("SKIPPED (no CUDA device): {test}");
+            println!("  ({e})");
+            return None;
+        }
+    };
+    assert!(
+        !Dispatch::builtin().entries().is_empty(),
+        "a CUDA device is present but the kernel table is empty (stub build.rs?)"
+    );
+    let stream = ctx.default_stream();
+    Some((ctx, stream))
+}
+
+fn zeros(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<f32> {
+    stream.alloc_zeros::<f32>(n).expect("alloc_zeros")
+}
+
+fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<f32>) -> *const c_void {
+    let (p, _sync) = s.device_ptr(stream);
+    p as usize as *const c_void
+}
+
+/// A real f32 stack of [`SHAPE`] with zero weights, through the C ABI.
+fn create_real(stream: &Arc<CudaStream>) -> *mut mixstack_stack {
+    let sh = shape();
+    let (w0, w1, gw) =
+        (zeros(stream, sh.w0_len().unwrap()), zeros(stream, sh.w1_len().unwrap()), zeros(stream, sh.gw_len().unwrap()));
+    stream.synchronize().unwrap();
+    let (f, cf, lmax, n) = SHAPE;
+    let mut h = null_mut();
+    let rc = unsafe {
+        mixstack_stack_create(
+            MIXSTACK_DTYPE_F32,
+            0,
+            f as i64,
+            cf as i64,
+            lmax as i64,
+            n as i64,
+            addr(stream, &w0),
+            addr(stream, &w1),
+            addr(stream, &gw),
+            null_mut(),
+            &mut h,
+        )
+    };
+    assert_eq!(rc, 0, "create: {}", last_error());
+    assert!(!h.is_null());
+    h
+}
+
+/// Device buffers of one forward over E edges: u0, alpha, out, z_all.
+struct Io {
+    u0: CudaSlice<f32>,
+    alpha: CudaSlice<f32>,
+    out: CudaSlice<f32>,
+    z_all: CudaSlice<f32>,
+}
+
+impl Io {
+    fn new(stream: &Arc<CudaStream>) -> Self {
+        let sh = shape();
+        let io = Io {
+            u0: zeros(stream, sh.surface_len(E).unwrap()),
+            alpha: zeros(stream, sh.alpha_len(E).unwrap()),
+            out: zeros(stream, sh.surface_len(E).unwrap()),
+            z_all: zeros(stream, sh.z_all_len(E).unwrap()),
+        };
+        stream.synchronize().unwrap();
+        io
+    }
+
+    fn forward(&self, stream: &Arc<CudaStream>, h: *mut mixstack_stack) -> c_int {
+        unsafe {
+            mixstack_forward(
+                h,
+                E as i64,
+                addr(stream, &self.u0),
+                addr(stream, &self.alpha),
+                1,
+                addr(stream, &self.out) as *mut _,
+                addr(stream, &self.z_all) as *mut _,
+                null_mut(),
+            )
+        }
+    }
+}
+
+#[test]
+fn gpu_double_destroy_and_use_after_destroy_are_refused() {
+    let Some((_ctx, stream)) = gpu("gpu_double_destroy_and_use_after_destroy_are_refused") else {
+        return;
+    };
+    let io = Io::new(&stream);
+    let h = create_real(&stream);
+    #[cfg(target_pointer_width = "64")]
+    assert!((h as usize) >> 48 != 0, "a handle is a tagged token, not an address: {h:p}");
+    assert_eq!(io.forward(&stream, h), 0, "forward on a live handle: {}", last_error());
+    let mut path: c_int = 77;
+    assert_eq!(unsafe { mixstack_last_path(h, &mut path, null_mut(), 0) }, 0, "{}", last_error());
+    assert_eq!(path, 0, "no backward yet");
+    assert_eq!(unsafe { mixstack_release_cached_memory(h) }, 0, "{}", last_error());
+
+    // First destroy: success, no error recorded.
+    let before = last_error();
+    unsafe { mixstack_stack_destroy(h) };
+    assert_eq!(last_error(), before, "a successful destroy records nothing");
+    // Every use after it, a second destroy included, is refused (before the
+    // registry: a use after free, then a double free).
+    assert_every_entry_point_refuses(h);
+    assert_eq!(io.forward(&stream, h), code(mixstack_status::MIXSTACK_ERR_INVALID_HANDLE), "{}", last_error());
+
+    // A later create never gets the destroyed handle back, and the
+    // destroyed one stays invalid.
+    let fresh: Vec<_> = (0..3).map(|_| create_real(&stream)).collect();
+    for &g in &fresh {
+        assert_ne!(g, h, "a destroyed handle value was handed out again");
+        assert_eq!(io.forward(&stream, g), 0, "{}", last_error());
+    }
+    assert_every_entry_point_refuses(h);
+    for &g in &fresh {
+        unsafe { mixstack_stack_destroy(g) };
+    }
+    for &g in &fresh {
+        assert_every_entry_point_refuses(g);
+    }
+    stream.synchronize().unwrap();
+}
+
+#[test]
+fn gpu_destroy_racing_calls_on_another_thread_stays_safe() {
+    // Against the header's rule (destroy while another thread is in a call),
+    // yet it must not crash: the other thread's calls succeed until the
+    // handle is gone, then are refused; none sees a freed stack.
+    let Some((_ctx, stream)) = gpu("gpu_destroy_racing_calls_on_another_thread_stays_safe") else {
+        return;
+    };
+    for round in 0..4 {
+        let h = create_real(&stream) as usize;
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let worker = {
+            let (stream, started) = (stream.clone(), started.clone());
+            std::thread::spawn(move || {
+                let io = Io::new(&stream);
+                let h = h as *mut mixstack_stack;
+                let (mut ok, mut refused) = (0usize, 0usize);
+                started.wait();
+                for _ in 0..400 {
+                    let rc = io.forward(&stream, h);
+                    if rc == 0 {
+                        assert_eq!(refused, 0, "a call succeeded after one was refused");
+                        ok += 1;
+                    } else {
+                        assert_eq!(rc, code(mixstack_status::MIXSTACK_ERR_INVALID_HANDLE), "{}", last_error());
+                        refused += 1;
+                    }
+                }
+                stream.synchronize().unwrap();
+                (ok, refused)
+            })
+        };
+        started.wait();
+        std::thread::sleep(std::time::Duration::from_micros(200 * round));
+        unsafe { mixstack_stack_destroy(h as *mut mixstack_stack) };
+        let (ok, refused) = worker.join().expect("worker thread");
+        println!("round {round}: {ok} forwards before the destroy, {refused} refused after");
+        assert_every_entry_point_refuses(h as *mut mixstack_stack);
     }
 }

@@ -382,6 +382,9 @@ fn random_shapes_match_reference() {
 #[test]
 fn streaming_blocks_walk_many_tiles() {
     let name = "streaming_blocks_walk_many_tiles";
+    if small_only(name) {
+        return;
+    }
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
     let shape = Shape { f: 1, e: 80_001, cf: 32, lmax: 2, n_layers: 2 };
@@ -488,6 +491,9 @@ fn fused_bitwise_equals_relay_every_tile() {
 #[test]
 fn fused_persistent_walk_bitwise() {
     let name = "fused_persistent_walk_bitwise";
+    if small_only(name) {
+        return;
+    }
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
     for (cf, lmax) in [(32u32, 2u32), (64, 1)] {
@@ -976,4 +982,298 @@ fn profiling_records_each_launch() {
     for k in &t {
         println!("{:>16} {:>8.4} ms  {}", k.stage.as_str(), k.ms, k.kernel);
     }
+}
+
+// ----------------------------------------------------------------------
+// bounded scratch, faults, 64-bit offsets (issue: hardening)
+// ----------------------------------------------------------------------
+
+/// `MIXSTACK_TEST_SMALL=1` (the sanitizer script) skips the large tests.
+fn small_only(test: &str) -> bool {
+    let small = std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1");
+    if small {
+        println!("SKIPPED (MIXSTACK_TEST_SMALL=1): {test}");
+    }
+    small
+}
+
+fn assert_same_bits<T: TestElem>(what: &str, a: &Got<T>, b: &Got<T>) {
+    assert_eq!(bits(&a.out), bits(&b.out), "{what}: out");
+    assert_eq!(bits(&a.z_all), bits(&b.z_all), "{what}: z_all");
+    assert_eq!(bits(&a.grad_u0), bits(&b.grad_u0), "{what}: grad_u0 ({})", a.decision);
+    assert_eq!(bits(&a.grad_alpha), bits(&b.grad_alpha), "{what}: grad_alpha ({})", a.decision);
+}
+
+/// Chunked calls (caps from a few rows to most of the call, odd and even
+/// gated-layer counts, relay, fused and the cuBLAS gate path, f32 and f64)
+/// give the whole call's bits; a cap below one row is a typed error that
+/// leaves the stack usable.
+#[test]
+fn chunked_calls_equal_the_whole_call_bitwise() {
+    use mixstack::runtime::{Chunking, ScratchCap};
+    let name = "chunked_calls_equal_the_whole_call_bitwise";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    fn case<T: TestElem>(g: &Gpu, p: &Problem, opts: &BackwardOptions) {
+        let st = make_stack::<T>(g, p);
+        st.set_scratch_cap(ScratchCap::Bytes(u64::MAX));
+        let whole = run(g, &st, p, opts).unwrap();
+        assert_eq!(st.last_chunking(), (Some(Chunking::Whole), Some(Chunking::Whole)));
+        let scratch = |m: Option<mixstack::runtime::CallMemory>| m.unwrap().scratch_bytes;
+        let (fwd, bwd) = (scratch(st.last_forward_memory()), scratch(st.last_backward_memory()));
+        let rows_total = (p.shape.f * p.shape.e) as u64;
+        // Caps down to a few rows of the call (a chunk holds at least one).
+        for div in [2u64, 3, 7, rows_total / 5].into_iter().filter(|&d| d >= 2 && 2 * d <= rows_total) {
+            let cap = fwd.max(bwd) / div;
+            st.set_scratch_cap(ScratchCap::Bytes(cap));
+            let got = run(g, &st, p, opts).unwrap();
+            let (cf, cb) = st.last_chunking();
+            let what = format!("{} {}: cap {cap} B ({cf:?}, {cb:?})", p.describe(), opts.fused.requested().unwrap());
+            assert!(matches!(cf, Some(Chunking::Chunks { .. })) || fwd <= cap, "{what}: forward not chunked");
+            assert!(matches!(cb, Some(Chunking::Chunks { .. })) || bwd <= cap, "{what}: backward not chunked");
+            assert_same_bits(&what, &got, &whole);
+            assert!(st.last_forward_memory().unwrap().scratch_bytes <= cap, "{what}: forward scratch over the cap");
+            assert!(st.last_backward_memory().unwrap().scratch_bytes <= cap, "{what}: backward scratch over the cap");
+        }
+        st.set_scratch_cap(ScratchCap::Bytes(1));
+        match run(g, &st, p, opts) {
+            Err(MixError::ScratchCap { cap: 1, .. }) => {}
+            Err(e) => panic!("cap of 1 byte: expected ScratchCap, got {e}"),
+            Ok(_) => panic!("cap of 1 byte: expected ScratchCap, got Ok"),
+        }
+        st.set_scratch_cap(ScratchCap::Bytes(u64::MAX));
+        assert_same_bits("after the refused cap", &run(g, &st, p, opts).unwrap(), &whole);
+    }
+    for (shape, alpha) in [
+        (Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 }, true),
+        (Shape { f: 3, e: 77, cf: 64, lmax: 2, n_layers: 2 }, false),
+        (Shape { f: 2, e: 101, cf: 32, lmax: 1, n_layers: 4 }, true),
+        (Shape { f: 1, e: 1, cf: 32, lmax: 2, n_layers: 3 }, true),
+    ] {
+        let p = Problem::random(&mut rng, shape, alpha);
+        case::<f32>(&g, &p, &BackwardOptions::relay());
+        case::<f32>(&g, &p, &BackwardOptions::fused());
+        case::<f64>(&g, &p, &BackwardOptions::relay());
+    }
+    // Cf >= 96: the gate GEMMs on cuBLAS, one focus per chunk
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 77, cf: 96, lmax: 2, n_layers: 3 }, true);
+    case::<f32>(&g, &p, &BackwardOptions::relay());
+}
+
+#[test]
+fn scratch_cap_environment_is_read_and_checked() {
+    use mixstack::runtime::{Chunking, ScratchCap, SCRATCH_CAP_ENV};
+    let name = "scratch_cap_environment_is_read_and_checked";
+    let Some(g) = gpu(name) else { return };
+    let _env = env_lock();
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 }, true);
+    let st = make_stack::<f32>(&g, &p);
+    st.set_scratch_cap(ScratchCap::FromEnv);
+    std::env::remove_var(SCRATCH_CAP_ENV);
+    let whole = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+    assert_eq!(st.last_chunking().1, Some(Chunking::Whole));
+    std::env::set_var(SCRATCH_CAP_ENV, "64K");
+    assert_eq!(st.scratch_cap().unwrap(), 65536);
+    let chunked = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
+    assert!(matches!(st.last_chunking().1, Some(Chunking::Chunks { .. })));
+    assert_same_bits("MIXSTACK_SCRATCH_CAP=64K", &chunked, &whole);
+    for bad in ["lots", "-5", "0", "12Q", ""] {
+        std::env::set_var(SCRATCH_CAP_ENV, bad);
+        match run(&g, &st, &p, &BackwardOptions::relay()) {
+            Err(MixError::InvalidSwitch { variable, .. }) => assert_eq!(variable, SCRATCH_CAP_ENV),
+            Err(e) => panic!("{bad:?}: expected InvalidSwitch, got {e}"),
+            Ok(_) => panic!("{bad:?}: expected InvalidSwitch, got Ok"),
+        }
+    }
+    std::env::remove_var(SCRATCH_CAP_ENV);
+    assert_same_bits("after bad values", &run(&g, &st, &p, &BackwardOptions::relay()).unwrap(), &whole);
+}
+
+/// Every allocation and every launch of a forward + backward fails in turn:
+/// the call returns a typed error, the stack's pool holds what it held
+/// before the call, and the next call gives the clean bits.
+#[test]
+fn failed_calls_free_what_they_took() {
+    use mixstack::runtime::fault::Fault;
+    use mixstack::runtime::ScratchCap;
+    let name = "failed_calls_free_what_they_took";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 }, true);
+    let s = &g.stream;
+    for (opts, chunked) in [
+        (BackwardOptions::relay(), false),
+        (BackwardOptions::fused(), false),
+        (BackwardOptions::relay(), true),
+        (BackwardOptions::fused(), true),
+    ] {
+        let st = make_stack::<f32>(&g, &p);
+        st.set_scratch_cap(ScratchCap::Bytes(if chunked { 100_000 } else { u64::MAX }));
+        let clean = run(&g, &st, &p, &opts).unwrap();
+        let u0 = upload::<f32>(s, &p.u0);
+        let alpha = upload::<f32>(s, &p.alpha);
+        let go = upload::<f32>(s, &p.grad_out);
+        let (out, z_all) = st.forward(s, &u0, &alpha, true).unwrap();
+        let mut fired = 0;
+        // Under the sanitizers (MIXSTACK_TEST_SMALL=1) every 7th fault point.
+        let step = if std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1") { 7 } else { 1 };
+        let faults = (0..64).map(Fault::Allocation).chain((0..256).map(Fault::Launch));
+        for fault in faults.step_by(step) {
+            s.synchronize().unwrap();
+            let before = st.debug_pool_used_bytes().unwrap();
+            st.debug_inject_fault(Some(fault));
+            let fwd = st.forward(s, &u0, &alpha, true).map(drop);
+            let r = fwd.and_then(|_| st.backward(s, &go, &out, &z_all, &alpha, true, &opts).map(drop));
+            st.debug_inject_fault(None);
+            s.synchronize().unwrap();
+            match r {
+                Ok(()) => continue, // the call had fewer allocations or launches
+                Err(MixError::Driver { during, .. }) => assert!(during.contains("injected"), "{fault:?}: {during}"),
+                Err(e) => panic!("{fault:?}: expected the injected driver error, got {e}"),
+            }
+            fired += 1;
+            assert_eq!(st.debug_pool_used_bytes().unwrap(), before, "{fault:?}: memory left held");
+            assert_same_bits(&format!("after {fault:?}"), &run(&g, &st, &p, &opts).unwrap(), &clean);
+        }
+        println!("{name}: {} chunked={chunked}: {fired} faults injected", opts.fused.requested().unwrap());
+        assert!(fired >= 10 / step, "too few faults fired: {fired}");
+    }
+}
+
+/// A counter-based random value in [-1, 1): any window can be regenerated.
+fn hashed(seed: u64, i: u64) -> f32 {
+    let mut z = seed.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 40) as f32) / (1u64 << 23) as f32 - 1.0
+}
+
+/// Fill `dst` (a device tensor of `len` elements) with `hashed(seed, i)`,
+/// a slab at a time, generated on every core.
+fn fill_hashed(s: &Arc<CudaStream>, dst: &mut CudaSlice<f32>, seed: u64, scale: f32) {
+    let len = dst.len();
+    let slab = 1usize << 28;
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    for start in (0..len).step_by(slab) {
+        let n = slab.min(len - start);
+        let mut host = vec![0f32; n];
+        let per = n.div_ceil(threads);
+        std::thread::scope(|sc| {
+            for (t, part) in host.chunks_mut(per).enumerate() {
+                sc.spawn(move || {
+                    for (j, x) in part.iter_mut().enumerate() {
+                        *x = hashed(seed, (start + t * per + j) as u64) * scale;
+                    }
+                });
+            }
+        });
+        s.memcpy_htod(&host, &mut dst.slice_mut(start..start + n)).unwrap();
+    }
+}
+
+/// F*E*ROW > 2^32 (E = 6.8 M at F 2, Cf 32, L 3): windows of rows at the
+/// start, middle and end against the CPU reference, fused == relay bitwise
+/// over the whole output, under the default scratch cap (chunked).
+#[test]
+fn offsets_past_2_pow_32() {
+    use mixstack::runtime::Chunking;
+    let name = "offsets_past_2_pow_32";
+    if small_only(name) {
+        return;
+    }
+    let Some(g) = gpu(name) else { return };
+    let shape = Shape { f: 2, e: 6_800_000, cf: 32, lmax: 3, n_layers: 2 };
+    let surface = (shape.f * shape.e * shape.row()) as u64;
+    assert!(surface > 1u64 << 32);
+    let need = 6 * surface * 4 + (16u64 << 30);
+    let total = g.ctx.total_mem().unwrap() as u64;
+    if total < need {
+        println!("SKIPPED (needs {} GiB of device memory, the device has {}): {name}", need >> 30, total >> 30);
+        return;
+    }
+    let seed = rng_for(name).gen::<u64>() >> 8;
+    let s = &g.stream;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let small = Problem::random(&mut rng, Shape { e: 1, ..shape }, true);
+    let st = Stack::<f32>::new(s, small.stack_shape(), &small.w0, &small.w1, &small.gw).unwrap();
+    let t0 = Instant::now();
+    let mut u0 = s.alloc_zeros::<f32>(surface as usize).unwrap();
+    let mut go = s.alloc_zeros::<f32>(surface as usize).unwrap();
+    fill_hashed(s, &mut u0, seed, 1.0);
+    fill_hashed(s, &mut go, seed ^ 0x5555, 1.0);
+    let alpha_host: Vec<f32> = (0..shape.e * shape.f).map(|i| 0.75 + 0.5 * hashed(seed ^ 0xaaaa, i as u64)).collect();
+    let alpha = s.clone_htod(&alpha_host).unwrap();
+    println!("{name}: inputs in {:.1} s", t0.elapsed().as_secs_f64());
+    let (out, z_all) = st.forward(s, &u0, &alpha, true).unwrap();
+    drop(u0);
+    let (gu_r, ga_r, d_r) = st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::relay()).unwrap();
+    assert_eq!(d_r.path, Path::Relay);
+    let chunk_r = st.last_chunking();
+    let (gu_f, ga_f, d_f) = st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::fused()).unwrap();
+    assert_eq!(d_f.path, Path::Fused);
+    println!("{name}: chunking relay {chunk_r:?}, fused {:?}; cap {} B", st.last_chunking(), st.scratch_cap().unwrap());
+    assert!(matches!(chunk_r.1, Some(Chunking::Chunks { .. })), "the relay backward should chunk here");
+
+    // fused == relay over everything
+    let (a, b) = (s.clone_dtoh(&gu_r).unwrap(), s.clone_dtoh(&gu_f).unwrap());
+    let diff = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert_eq!(diff, 0, "grad_u0: {diff} elements differ between fused and relay");
+    let non_finite = a.iter().filter(|x| !x.is_finite()).count();
+    assert_eq!(non_finite, 0, "grad_u0: {non_finite} non-finite elements");
+    drop((a, b));
+    assert_eq!(bits(&s.clone_dtoh(&ga_r).unwrap()), bits(&s.clone_dtoh(&ga_f).unwrap()), "grad_alpha");
+
+    // windows against the CPU reference
+    let row = shape.row();
+    let w = 64usize;
+    for e0 in [0, shape.e / 2 - 17, shape.e - w] {
+        let sub = Shape { e: w, ..shape };
+        let pick_fm = |seed: u64| -> Vec<f32> {
+            (0..shape.f)
+                .flat_map(|f| {
+                    let base = ((f * shape.e + e0) * row) as u64;
+                    (0..(w * row) as u64).map(move |i| hashed(seed, base + i))
+                })
+                .collect()
+        };
+        let pick_em = |seed: u64| -> Vec<f32> {
+            let base = (e0 * shape.f * row) as u64;
+            (0..(w * shape.f * row) as u64).map(|i| hashed(seed, base + i)).collect()
+        };
+        let p = Problem {
+            shape: sub,
+            apply_alpha: true,
+            u0: pick_fm(seed),
+            alpha: alpha_host[e0 * shape.f..(e0 + w) * shape.f].to_vec(),
+            w0: small.w0.clone(),
+            w1: small.w1.clone(),
+            gw: small.gw.clone(),
+            grad_out: pick_em(seed ^ 0x5555),
+        };
+        let want = p.reference();
+        let fm = |d: &CudaSlice<f32>, layers: usize| -> Vec<f32> {
+            let mut v = Vec::new();
+            for k in 0..layers {
+                for f in 0..shape.f {
+                    let at = (k * shape.f * shape.e + f * shape.e + e0) * row;
+                    v.extend(s.clone_dtoh(&d.slice(at..at + w * row)).unwrap());
+                }
+            }
+            v
+        };
+        let em = |d: &CudaSlice<f32>, width: usize| {
+            s.clone_dtoh(&d.slice(e0 * shape.f * width..(e0 + w) * shape.f * width)).unwrap()
+        };
+        let got = Got {
+            out: em(&out, row),
+            z_all: fm(&z_all, shape.n_layers - 1),
+            grad_u0: fm(&gu_r, 1),
+            grad_alpha: em(&ga_r, 1),
+            decision: d_r,
+        };
+        check_close(&format!("{name}: rows {e0}..{}", e0 + w), &got, &want);
+    }
+    println!("{name}: passed in {:.1} s", t0.elapsed().as_secs_f64());
 }

@@ -652,3 +652,42 @@ fn geometry_inconsistent_entry() {
     e.threads = 128; // should be 256
     assert!(matches!(launch_config(&e, 10, 128, 1, 96, None), Err(MixError::TableInconsistent { .. })));
 }
+
+#[test]
+fn scratch_cap_spellings() {
+    use mixstack::runtime::chunk::parse_cap;
+    for (v, want) in [("123", 123u64), (" 64K ", 65536), ("8g", 8 << 30), ("2M", 2 << 20), ("1T", 1 << 40)] {
+        assert_eq!(parse_cap(v).unwrap(), want, "{v:?}");
+    }
+    for bad in ["", "0", "0G", "-1", "1.5G", "G", "12Q", "99999999999T", "8 G"] {
+        match parse_cap(bad) {
+            Err(MixError::InvalidSwitch { variable, .. }) => assert_eq!(variable, "MIXSTACK_SCRATCH_CAP"),
+            other => panic!("{bad:?}: expected InvalidSwitch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn chunk_plan_bounds_scratch() {
+    use mixstack::runtime::chunk::{plan, windows, Chunking};
+    // fits: whole
+    assert_eq!(plan(2, 1000, 10, 12, 20_000).unwrap(), Chunking::Whole);
+    // one byte over: one focus at a time, as many rows as the cap holds
+    assert_eq!(plan(2, 1000, 10, 12, 19_999).unwrap(), Chunking::Chunks { rows: 1000 });
+    assert_eq!(plan(2, 1000, 10, 12, 1_200).unwrap(), Chunking::Chunks { rows: 100 });
+    assert_eq!(plan(2, 1000, 10, 12, 1_211).unwrap(), Chunking::Chunks { rows: 100 });
+    // below one row: a typed error naming both numbers
+    match plan(2, 1000, 10, 12, 11) {
+        Err(MixError::ScratchCap { cap: 11, row_bytes: 12 }) => {}
+        other => panic!("expected ScratchCap, got {other:?}"),
+    }
+    // sizes that overflow u64 chunk rather than wrap
+    assert!(matches!(plan(usize::MAX, usize::MAX, 8, 8, 1 << 30).unwrap(), Chunking::Chunks { .. }));
+    // no scratch, no edges: whole
+    assert_eq!(plan(2, 1000, 0, 0, 0).unwrap(), Chunking::Whole);
+    assert_eq!(plan(2, 0, 10, 10, 0).unwrap(), Chunking::Whole);
+    // windows cover every row once, in order
+    let w: Vec<_> = windows(10, 4).collect();
+    assert_eq!(w, vec![(0, 4), (4, 4), (8, 2)]);
+    assert_eq!(windows(3, 7).collect::<Vec<_>>(), vec![(0, 3)]);
+}

@@ -41,9 +41,10 @@ _STATUS = {
     6: "MIXSTACK_ERR_CUDA",
     7: "MIXSTACK_ERR_INTERNAL",
     8: "MIXSTACK_ERR_BAD_ARGUMENT",
+    9: "MIXSTACK_ERR_INVALID_HANDLE",
 }
 # Statuses that mean "the caller asked for something invalid" -> ValueError.
-_VALUE_ERRORS = {1, 2, 3, 4, 8}
+_VALUE_ERRORS = {1, 2, 3, 4, 8, 9}
 _DTYPES = {torch.float32: 0, torch.float64: 1}
 PATHS = {"auto": 0, "relay": 1, "fused": 2}
 _PATH_NAMES = {0: None, 1: "relay", 2: "fused"}

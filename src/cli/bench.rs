@@ -133,6 +133,10 @@ pub struct BenchReport {
     /// Every forward variant (the first is `forward`).
     pub forward_variants: Vec<Timing>,
     pub forward_bitwise_equal: Option<bool>,
+    /// The scratch cap in force (bytes) and how the last calls walked their
+    /// rows (whole, or chunks of one focus).
+    pub scratch_cap_bytes: u64,
+    pub chunking: String,
     pub backward: Vec<Timing>,
     pub fused_bitwise_equal_to_relay: Option<bool>,
     pub cublas_gate: Option<super::cublas_gate::CublasGate>,
@@ -418,7 +422,15 @@ pub fn run(args: &BenchArgs) -> CliResult {
     } else {
         None
     };
+    let scratch_cap_bytes = stack.scratch_cap()?;
+    let chunking = format!("{:?}", stack.last_chunking());
+    println!(
+        "scratch cap {:.2} GB (MIXSTACK_SCRATCH_CAP); last forward/backward walk: {chunking}",
+        scratch_cap_bytes as f64 / 1e9
+    );
     let report = BenchReport {
+        scratch_cap_bytes,
+        chunking,
         device,
         workload: w,
         seed,

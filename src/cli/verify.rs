@@ -1,6 +1,9 @@
 //! `mixstack verify`: the CPU reference, then every GPU path, against a
 //! vectors directory. One line per case and path; fails if any exceeds its
-//! tolerance (f64 <= 1e-10, f32 <= 1e-5 relative).
+//! tolerance (f64 <= 1e-10, f32 <= 1e-5 relative), and if nothing was
+//! checked: a manifest that lists no case is refused by the loader
+//! ([`vectors::VectorError::NoCases`]), and success is never reported after
+//! zero checks.
 
 use super::CliResult;
 use mixstack::reference::{self, rel_err};
@@ -41,11 +44,13 @@ impl Host for f64 {
 }
 
 struct Tally {
+    checked: usize,
     failed: usize,
 }
 
 impl Tally {
     fn line(&mut self, case: usize, path: &str, tensor: &str, err: f64, tol: f64) {
+        self.checked += 1;
         let ok = err <= tol;
         if !ok {
             self.failed += 1;
@@ -111,7 +116,7 @@ pub fn run(dir: Option<&std::path::Path>) -> CliResult {
     let dir = dir.map(|d| d.to_path_buf()).unwrap_or_else(vectors::default_dir);
     let cases = vectors::load_dir(&dir)?;
     println!("# verify against {} ({} cases)", dir.display(), cases.len());
-    let mut t = Tally { failed: 0 };
+    let mut t = Tally { checked: 0, failed: 0 };
     for c in &cases {
         let w = c.weights();
         let (out, z_all) = reference::forward(&c.shape, &w, &c.u0, &c.alpha, c.apply_alpha);
@@ -140,6 +145,7 @@ pub fn run(dir: Option<&std::path::Path>) -> CliResult {
                         c.index,
                         if same { "PASS" } else { "FAIL" }
                     );
+                    t.checked += 1;
                     t.failed += usize::from(!same);
                 } else {
                     println!("case {} gpu-f32-fused      not run: relay (outside the fused regime)", c.index);
@@ -150,6 +156,9 @@ pub fn run(dir: Option<&std::path::Path>) -> CliResult {
     if t.failed > 0 {
         return Err(format!("{} checks failed", t.failed).into());
     }
-    println!("verify: all checks passed");
+    if t.checked == 0 {
+        return Err(format!("verify against {}: no check ran: nothing was verified", dir.display()).into());
+    }
+    println!("verify: all checks passed ({} checks)", t.checked);
     Ok(())
 }

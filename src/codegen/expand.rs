@@ -155,9 +155,9 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
             Geometry::Gemm { block_m, bn, pipe, .. } => (g.threads(), block_m, bn, pipe),
             _ => unreachable!(),
         };
+        let (a_chunk, b_chunk) = (bm as u64 * block_k as u64, block_k as u64 * bn as u64);
         if pipe == crate::kinds::Pipe::Regs
-            && ((bm as u64 * block_k as u64) % threads as u64 != 0
-                || (block_k as u64 * bn as u64) % threads as u64 != 0)
+            && (!a_chunk.is_multiple_of(threads as u64) || !b_chunk.is_multiple_of(threads as u64))
         {
             return Some(format!(
                 "{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"

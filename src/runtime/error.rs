@@ -108,6 +108,10 @@ pub enum MixError {
     #[error("{what} = {value} exceeds cuBLAS's 32-bit int (the gate GEMMs at Cf >= 96)")]
     BlasSize { what: &'static str, value: u64 },
 
+    /// The scratch cap cannot hold even one edge's scratch.
+    #[error("the scratch cap of {cap} bytes is below one edge's scratch ({row_bytes} bytes): raise it (MIXSTACK_SCRATCH_CAP or Stack::set_scratch_cap)")]
+    ScratchCap { cap: u64, row_bytes: u64 },
+
     /// A table entry contradicts itself (a build problem, reported, not assumed).
     #[error("kernel table entry `{kernel}` is inconsistent: {why}")]
     TableInconsistent { kernel: &'static str, why: String },

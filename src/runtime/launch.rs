@@ -132,11 +132,13 @@ pub(crate) struct Kernels {
     cache: Mutex<HashMap<&'static str, (CudaFunction, u64)>>,
     /// `Some` while profiling: event pairs of launches not yet collected.
     profile: Mutex<Option<Vec<Timed>>>,
+    /// Injected faults (tests): allocations and launches of this stack.
+    pub(crate) fault: super::fault::FaultPoint,
 }
 
 impl Kernels {
     pub(crate) fn new(ctx: Arc<CudaContext>, lg: usize) -> Self {
-        Kernels { ctx, lg, cache: Mutex::new(HashMap::new()), profile: Mutex::new(None) }
+        Kernels { ctx, lg, cache: Mutex::new(HashMap::new()), profile: Mutex::new(None), fault: Default::default() }
     }
 
     /// Names of the entries loaded so far.
@@ -244,6 +246,7 @@ impl Kernels {
     ) -> Result<(), MixError> {
         let (func, resident) = self.function(entry)?;
         let cfg = launch_config(entry, e, n, f, self.lg, Some(resident))?;
+        self.fault.launch(|| entry.name.to_string())?;
         let profiling = lock(&self.profile).is_some();
         let mut b = stream.launch_builder(&func);
         for a in args {
@@ -282,6 +285,7 @@ impl Kernels {
         name: &'static str,
         work: impl FnOnce() -> Result<(), MixError>,
     ) -> Result<(), MixError> {
+        self.fault.launch(|| name.to_string())?;
         if lock(&self.profile).is_none() {
             return work();
         }

@@ -24,6 +24,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use super::element::Element;
 use super::error::{DriverContext, MixError};
+use super::fault::FaultPoint;
 
 /// Memory one call allocated (see the module docs for what is counted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,6 +91,22 @@ impl ScratchPool {
         Ok(Some(pool))
     }
 
+    /// Bytes of the pool's allocations in use now (tests: a failed call must
+    /// leave this where it was).
+    pub(crate) fn used_bytes(&self) -> Result<u64, MixError> {
+        let mut v: u64 = 0;
+        // SAFETY: the pool is valid; the attribute's value is a u64.
+        unsafe {
+            mem_pool::get_attribute(
+                self.pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                (&mut v as *mut u64).cast(),
+            )
+        }
+        .during(|| "reading the scratch pool's used memory".into())?;
+        Ok(v)
+    }
+
     /// Give the pool's free memory back to the device.
     pub(crate) fn trim(&self) -> Result<(), MixError> {
         // SAFETY: the pool is valid until drop.
@@ -110,6 +127,7 @@ impl Drop for ScratchPool {
 pub(crate) struct Tracker<'s> {
     stream: &'s Arc<CudaStream>,
     pool: Option<&'s ScratchPool>,
+    fault: &'s FaultPoint,
     poison: bool,
     current: u64,
     peak: u64,
@@ -121,12 +139,18 @@ pub(crate) struct Tracker<'s> {
 impl<'s> Tracker<'s> {
     /// `poison`: fill every allocation with NaN (a debug aid for tests:
     /// anything a kernel forgets to write shows up).
-    pub(crate) fn new(stream: &'s Arc<CudaStream>, pool: Option<&'s ScratchPool>, poison: bool) -> Self {
-        Tracker { stream, pool, poison, current: 0, peak: 0, outputs: 0, scratch_peak: 0, count: 0 }
+    pub(crate) fn new(
+        stream: &'s Arc<CudaStream>,
+        pool: Option<&'s ScratchPool>,
+        fault: &'s FaultPoint,
+        poison: bool,
+    ) -> Self {
+        Tracker { stream, pool, fault, poison, current: 0, peak: 0, outputs: 0, scratch_peak: 0, count: 0 }
     }
 
     fn alloc<T: Element>(&mut self, len: usize, tensor: &'static str) -> Result<CudaSlice<T>, MixError> {
         let what = || format!("allocating `{tensor}` ({len} elements, {} bytes)", len * std::mem::size_of::<T>());
+        self.fault.allocation(what)?;
         let buf = if len == 0 {
             self.stream.null::<T>().during(|| format!("allocating empty `{tensor}`"))?
         } else if let Some(pool) = self.pool {

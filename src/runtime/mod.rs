@@ -9,14 +9,18 @@
 //! - [`gate_blas`]: the gate contractions as cuBLAS GEMMs at Cf >= 96;
 //! - [`launch`]: launch geometry, lazy module loading, per-kernel timing;
 //! - [`memory`]: per-call allocation accounting;
+//! - [`fault`]: injected allocation and launch faults (tests);
+//! - [`chunk`]: the scratch cap and the chunked walk over edges under it;
 //! - [`stack`]: [`Stack`], forward and backward on a CUDA stream;
 //! - [`error`]: the error type, [`MixError`].
 pub mod table;
 
+pub mod chunk;
 pub mod device;
 pub mod dispatch;
 pub mod element;
 pub mod error;
+pub mod fault;
 pub mod gate_blas;
 pub mod launch;
 pub mod memory;
@@ -24,6 +28,7 @@ pub mod shape;
 pub mod stack;
 pub mod switch;
 
+pub use chunk::{Chunking, ScratchCap, SCRATCH_CAP_ENV};
 pub use device::open_device;
 pub use dispatch::{Dispatch, DispatchChoice, Path, PathDecision, Reason, TileOverride};
 pub use element::Element;

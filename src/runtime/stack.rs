@@ -10,9 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
+use super::chunk::{self, Chunking, ScratchCap};
 use super::dispatch::{is_gated_stage, Dispatch, Path, PathDecision, TileOverride, FORWARD_STAGES, RELAY_STAGES};
 use super::element::Element;
 use super::error::{DriverContext, MixError, ShapeParam};
+use super::fault::Fault;
 use super::gate_blas::{GateBlas, GateGemm, GATE_BLAS_MIN_CF};
 use super::launch::{Arg, KernelTiming, Kernels};
 use super::memory::{raw_ptr, CallMemory, ScratchPool, Tracker};
@@ -121,6 +123,12 @@ pub struct Stack<T: Element> {
     gate_blas: Result<GateBlas, String>,
     /// Tests and benches: run the generated gate kernels even where cuBLAS is up.
     gate_blas_off: AtomicBool,
+    /// Where each call's scratch cap comes from, and the device's memory
+    /// (the default cap is a share of it).
+    scratch_cap: Mutex<ScratchCap>,
+    device_bytes: u64,
+    last_forward_chunking: Mutex<Option<Chunking>>,
+    last_backward_chunking: Mutex<Option<Chunking>>,
 }
 
 /// wt[k][f][o][i] = W[k][f][i][o] for `blocks` square n x n blocks.
@@ -217,7 +225,12 @@ impl<T: Element> Stack<T> {
             GateBlas::new(stream)
         };
 
+        let device_bytes = ctx.total_mem().during(|| "querying the device's memory".into())? as u64;
         Ok(Stack {
+            scratch_cap: Mutex::new(ScratchCap::default()),
+            device_bytes,
+            last_forward_chunking: Mutex::new(None),
+            last_backward_chunking: Mutex::new(None),
             gate_blas,
             gate_blas_off: AtomicBool::new(false),
             kernels: Kernels::new(ctx.clone(), shape.lg()),
@@ -440,7 +453,7 @@ impl<T: Element> Stack<T> {
         check_len("alpha", sh.alpha_len(e)?, alpha.len())?;
         sh.check_edges(e, std::mem::size_of::<T>())?;
 
-        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         let mut out = tr.output::<T>(sh.surface_len(e)?, "out")?;
         let mut z_all = tr.output::<T>(sh.z_all_len(e)?, "z_all")?;
         if e > 0 {
@@ -483,7 +496,7 @@ impl<T: Element> Stack<T> {
         sh.check_edges(e, std::mem::size_of::<T>())?;
         let plan = self.plan_backward(opts)?;
 
-        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         let mut grad_u0 = tr.output::<T>(sh.surface_len(e)?, "grad_u0")?;
         let mut grad_alpha = tr.output::<T>(sh.alpha_len(e)?, "grad_alpha")?;
         *lock(&self.last_path) = Some(plan.decision);
@@ -530,7 +543,7 @@ impl<T: Element> Stack<T> {
     ) -> Result<(), MixError> {
         self.check_stream(stream)?;
         self.shape.check_edges(e, std::mem::size_of::<T>())?;
-        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if e > 0 {
             nonnull(ptrs.u0, "u0")?;
             nonnull(ptrs.alpha, "alpha")?;
@@ -560,7 +573,7 @@ impl<T: Element> Stack<T> {
         self.shape.check_edges(e, std::mem::size_of::<T>())?;
         let plan = self.plan_backward(opts)?;
         *lock(&self.last_path) = Some(plan.decision);
-        let mut tr = Tracker::new(stream, self.pool.as_ref(), self.poison.load(Ordering::Relaxed));
+        let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if e > 0 {
             nonnull(ptrs.grad_out, "grad_out")?;
             nonnull(ptrs.out, "out")?;
@@ -580,13 +593,50 @@ impl<T: Element> Stack<T> {
     // Launch sequences
     // ------------------------------------------------------------------
 
-    /// Byte offsets of layer `k`'s blocks: (w0_k, w1_k, gw_k).
-    fn layer_offsets(&self, k: usize) -> (u64, u64, u64) {
+    /// Byte offsets of layer `k`'s blocks for focus `focus`: (w0_k, w1_k, gw_k).
+    fn layer_offsets(&self, k: usize, focus: usize) -> (u64, u64, u64) {
         let sh = &self.shape;
         let sz = std::mem::size_of::<T>() as u64;
         let (f, m0, m1, cf, lg) = (sh.f as u64, sh.m0() as u64, sh.m1() as u64, sh.cf as u64, sh.lg() as u64);
-        let k = k as u64;
-        (k * f * m0 * m0 * sz, k * f * m1 * m1 * sz, k * f * cf * lg * sz)
+        let (k, q) = (k as u64, focus as u64);
+        ((k * f + q) * m0 * m0 * sz, (k * f + q) * m1 * m1 * sz, (k * f + q) * cf * lg * sz)
+    }
+
+    /// Byte offset of row `e0` of focus `focus` in a focus-major (F, E, width) tensor.
+    fn focus_rows(&self, e: usize, focus: usize, e0: usize, width: usize) -> u64 {
+        ((focus * e + e0) * width * std::mem::size_of::<T>()) as u64
+    }
+
+    /// The scratch cap in force for the next call, in bytes (the stack's
+    /// setting, else [`chunk::SCRATCH_CAP_ENV`], else a share of the device).
+    pub fn scratch_cap(&self) -> Result<u64, MixError> {
+        lock(&self.scratch_cap).resolve(self.device_bytes)
+    }
+    /// Set where the scratch cap comes from (default: the environment).
+    pub fn set_scratch_cap(&self, cap: ScratchCap) {
+        *lock(&self.scratch_cap) = cap;
+    }
+    /// How the last forward and backward calls walked their rows.
+    pub fn last_chunking(&self) -> (Option<Chunking>, Option<Chunking>) {
+        (*lock(&self.last_forward_chunking), *lock(&self.last_backward_chunking))
+    }
+
+    /// Tests: fail the n-th allocation or launch of the next calls, once.
+    #[doc(hidden)]
+    pub fn debug_inject_fault(&self, fault: Option<Fault>) {
+        self.kernels.fault.arm(fault);
+    }
+    /// Tests: bytes of the stack's memory pool in use now (None without a pool).
+    #[doc(hidden)]
+    pub fn debug_pool_used_bytes(&self) -> Result<Option<u64>, MixError> {
+        self.pool.as_ref().map(ScratchPool::used_bytes).transpose()
+    }
+
+    /// The chunking of a call over `e` edges, scratch `whole` bytes per
+    /// (focus, edge) unchunked and `chunked` per edge of a chunk.
+    fn chunking(&self, e: usize, whole: usize, chunked: usize) -> Result<Chunking, MixError> {
+        let sz = std::mem::size_of::<T>() as u64;
+        chunk::plan(self.shape.f, e, whole as u64 * sz, chunked as u64 * sz, self.scratch_cap()?)
     }
 
     fn forward_core(
@@ -611,85 +661,163 @@ impl<T: Element> Stack<T> {
             None
         };
         let k_final = self.select(Stage::FwdFinal, tiles)?;
-
-        let (f, m0, m1) = (sh.f, sh.m0(), sh.m1());
+        let (row, lg) = (sh.row(), sh.lg());
         let sz = std::mem::size_of::<T>() as u64;
         let z_stride = sh.surface_len(e)? as u64 * sz;
-        let ea = Arg::I64(e as i64);
-        let la = Arg::I32(sh.lmax as i32);
         // Weight guards live until every launch is enqueued, so their read
         // events are recorded after the kernels that read them.
         let (w0, _r0) = self.w0.device_ptr(stream);
         let (w1, _r1) = self.w1.device_ptr(stream);
         let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
         let gw = gw_guard.as_ref().map_or(0, |(p, _)| *p);
+        let w = LayerWeights { m0: w0, m1: w1, gw, gwt: 0 };
 
-        // Scratch: the ping-pong pair of u (one suffices for a single gated
-        // layer) and the gate surface sig.
-        let u_a = if gated >= 1 { Some(tr.scratch::<T>(sh.surface_len(e)?, "u (ping)")?) } else { None };
-        let u_b = if gated >= 2 { Some(tr.scratch::<T>(sh.surface_len(e)?, "u (pong)")?) } else { None };
-        let sig = if gated >= 1 { Some(tr.scratch::<T>(sh.sig_len(e)?, "sig")?) } else { None };
-        let pa = u_a.as_ref().map_or(0, |b| raw_ptr(b, stream));
-        let pb = u_b.as_ref().map_or(0, |b| raw_ptr(b, stream));
-        let psig = sig.as_ref().map_or(0, |b| raw_ptr(b, stream));
+        // Scratch per row: the ping-pong pair of u (one suffices for a single
+        // gated layer) and the gate surface sig; a chunk also stages its
+        // rows of `out` and its column of alpha (edge-major tensors).
+        let per_row = if gated == 0 { 0 } else { row * gated.min(2) + lg };
+        let chunking = self.chunking(e, per_row, per_row + row + 1)?;
+        *lock(&self.last_forward_chunking) = Some(chunking);
+        let rows = match chunking {
+            Chunking::Whole => sh.f * e,
+            Chunking::Chunks { rows } => rows,
+        };
+        let u_a = if gated >= 1 { Some(tr.scratch::<T>(rows * row, "u (ping)")?) } else { None };
+        let u_b = if gated >= 2 { Some(tr.scratch::<T>(rows * row, "u (pong)")?) } else { None };
+        let sig = if gated >= 1 { Some(tr.scratch::<T>(rows * lg, "sig")?) } else { None };
+        let scratch = [&u_a, &u_b, &sig].map(|b| b.as_ref().map_or(0, |b| raw_ptr(b, stream)));
 
-        let mut u = p.u0;
-        if let Some((k_m0, k_gate, k_m1)) = layer_kernels {
-            for k in 0..gated {
-                let u_next = if k % 2 == 0 { pa } else { pb };
-                let z_k = p.z_all + k as u64 * z_stride;
-                let (o0, o1, og) = self.layer_offsets(k);
-                self.kernels.launch(
-                    stream,
-                    k_m0,
-                    e,
-                    m0,
-                    f,
-                    &[Arg::Ptr(u), Arg::Ptr(w0 + o0), Arg::Ptr(z_k), ea, la],
-                )?;
-                // fwd_gate_act (after cuBLAS wrote the logits into sig) takes
-                // fwd_gate's arguments but GW.
-                let (with_gw, act) = (
-                    [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
-                    [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
-                );
-                let gate_args: &[Arg] = match blas {
-                    Some(blas) => {
-                        // SAFETY: z_k is layer k of z_all (F x E x ROW), gw + og the
-                        // layer's (F, Cf, LG) block, sig F x E x LG.
-                        self.kernels.external(stream, Stage::FwdGateAct, "cublas gemm: logit = s @ GW", || unsafe {
-                            blas.projection::<T>(stream, &sh, e, z_k, gw + og, psig)
-                        })?;
-                        &act
-                    }
-                    None => &with_gw,
-                };
-                self.kernels.launch(stream, k_gate, e, 0, f, gate_args)?;
-                self.kernels.launch(
-                    stream,
-                    k_m1,
-                    e,
-                    m1,
-                    f,
-                    &[Arg::Ptr(u), Arg::Ptr(w1 + o1), Arg::Ptr(psig), Arg::Ptr(z_k), Arg::Ptr(u_next), ea, la],
-                )?;
-                u = u_next;
+        match chunking {
+            Chunking::Whole => {
+                let span = Span { rows: e, foci: sh.f, focus: 0 };
+                let u = self.forward_layers(stream, span, layer_kernels, blas, &w, p.u0, p.z_all, z_stride, scratch)?;
+                self.forward_final(stream, span, k_final, &w, u, p.alpha, p.out, apply_alpha)?;
             }
-        }
-        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1);
-        let aa = Arg::I32(apply_alpha as i32);
-        for (seg, w, n) in [(0, w0 + o0, m0), (1, w1 + o1, m1)] {
-            self.kernels.launch(
-                stream,
-                k_final,
-                e,
-                n,
-                f,
-                &[Arg::Ptr(u), Arg::Ptr(w), Arg::Ptr(p.alpha), Arg::Ptr(p.out), ea, la, Arg::I32(seg), aa],
-            )?;
+            Chunking::Chunks { rows } => {
+                let out_stage = tr.scratch::<T>(rows * row, "out (chunk)")?;
+                let alpha_stage = tr.scratch::<T>(rows, "alpha (chunk)")?;
+                let (po, pa) = (raw_ptr(&out_stage, stream), raw_ptr(&alpha_stage, stream));
+                for focus in 0..sh.f {
+                    for (e0, n) in chunk::windows(e, rows) {
+                        let span = Span { rows: n, foci: 1, focus };
+                        let at = self.focus_rows(e, focus, e0, row);
+                        let u = self.forward_layers(
+                            stream,
+                            span,
+                            layer_kernels,
+                            blas,
+                            &w,
+                            p.u0 + at,
+                            p.z_all + at,
+                            z_stride,
+                            scratch,
+                        )?;
+                        // alpha[e0.., focus] -> a column; the chunk's rows of
+                        // out leave through a pitched copy.
+                        let edge_pitch = sh.f * row * sz as usize;
+                        let edge_at = ((e0 * sh.f + focus) * sz as usize) as u64;
+                        if apply_alpha {
+                            copy_2d(stream, p.alpha + edge_at, sh.f * sz as usize, pa, sz as usize, sz as usize, n)?;
+                        }
+                        self.forward_final(stream, span, k_final, &w, u, pa, po, apply_alpha)?;
+                        let out_at = edge_at * row as u64;
+                        let row_bytes = row * sz as usize;
+                        copy_2d(stream, po, row_bytes, p.out + out_at, edge_pitch, row_bytes, n)?;
+                    }
+                }
+                tr.release(out_stage);
+                tr.release(alpha_stage);
+            }
         }
         for b in [u_a, u_b, sig].into_iter().flatten() {
             tr.release(b);
+        }
+        Ok(())
+    }
+
+    /// The gated layers of the forward over `span`; returns where u ends.
+    /// `u0` and `z0` address the span's rows of u0 and of z_all's layer 0.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_layers(
+        &self,
+        stream: &Arc<CudaStream>,
+        span: Span,
+        kernels: Option<(&'static KernelEntry, &'static KernelEntry, &'static KernelEntry)>,
+        blas: Option<&GateBlas>,
+        w: &LayerWeights,
+        u0: CUdeviceptr,
+        z0: CUdeviceptr,
+        z_stride: u64,
+        [pa, pb, psig]: [CUdeviceptr; 3],
+    ) -> Result<CUdeviceptr, MixError> {
+        let Some((k_m0, k_gate, k_m1)) = kernels else { return Ok(u0) };
+        let sh = StackShape { f: span.foci, ..self.shape };
+        let (f, e, m0, m1) = (span.foci, span.rows, sh.m0(), sh.m1());
+        let ea = Arg::I64(e as i64);
+        let la = Arg::I32(sh.lmax as i32);
+        let mut u = u0;
+        for k in 0..sh.gated() {
+            let u_next = if k % 2 == 0 { pa } else { pb };
+            let z_k = z0 + k as u64 * z_stride;
+            let (o0, o1, og) = self.layer_offsets(k, span.focus);
+            self.kernels.launch(stream, k_m0, e, m0, f, &[Arg::Ptr(u), Arg::Ptr(w.m0 + o0), Arg::Ptr(z_k), ea, la])?;
+            // fwd_gate_act (after cuBLAS wrote the logits into sig) takes
+            // fwd_gate's arguments but GW.
+            let (with_gw, act) = (
+                [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(w.gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
+                [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
+            );
+            let gate_args: &[Arg] = match blas {
+                Some(blas) => {
+                    // SAFETY: z_k is layer k of z_all over the span (foci x E x ROW),
+                    // gw + og the span's (Cf, LG) blocks, sig foci x E x LG.
+                    self.kernels.external(stream, Stage::FwdGateAct, "cublas gemm: logit = s @ GW", || unsafe {
+                        blas.projection::<T>(stream, &sh, e, z_k, w.gw + og, psig)
+                    })?;
+                    &act
+                }
+                None => &with_gw,
+            };
+            self.kernels.launch(stream, k_gate, e, 0, f, gate_args)?;
+            self.kernels.launch(
+                stream,
+                k_m1,
+                e,
+                m1,
+                f,
+                &[Arg::Ptr(u), Arg::Ptr(w.m1 + o1), Arg::Ptr(psig), Arg::Ptr(z_k), Arg::Ptr(u_next), ea, la],
+            )?;
+            u = u_next;
+        }
+        Ok(u)
+    }
+
+    /// The forward's identity layer over `span`: out (edge-major over the
+    /// span's foci) from u.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_final(
+        &self,
+        stream: &Arc<CudaStream>,
+        span: Span,
+        k_final: &'static KernelEntry,
+        w: &LayerWeights,
+        u: CUdeviceptr,
+        alpha: CUdeviceptr,
+        out: CUdeviceptr,
+        apply_alpha: bool,
+    ) -> Result<(), MixError> {
+        let sh = self.shape;
+        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1, span.focus);
+        let (ea, la, aa) = (Arg::I64(span.rows as i64), Arg::I32(sh.lmax as i32), Arg::I32(apply_alpha as i32));
+        for (seg, wp, n) in [(0, w.m0 + o0, sh.m0()), (1, w.m1 + o1, sh.m1())] {
+            self.kernels.launch(
+                stream,
+                k_final,
+                span.rows,
+                n,
+                span.foci,
+                &[Arg::Ptr(u), Arg::Ptr(wp), Arg::Ptr(alpha), Arg::Ptr(out), ea, la, Arg::I32(seg), aa],
+            )?;
         }
         Ok(())
     }
@@ -705,7 +833,7 @@ impl<T: Element> Stack<T> {
     ) -> Result<(), MixError> {
         let sh = self.shape;
         let gated = sh.gated();
-        let (f, m0, m1) = (sh.f, sh.m0(), sh.m1());
+        let (f, m0, m1, row, lg) = (sh.f, sh.m0(), sh.m1(), sh.row(), sh.lg());
         let sz = std::mem::size_of::<T>() as u64;
         let z_stride = sh.surface_len(e)? as u64 * sz;
         let ea = Arg::I64(e as i64);
@@ -717,6 +845,18 @@ impl<T: Element> Stack<T> {
         let gw = gw_guard.as_ref().map_or(0, |(p, _)| *p);
         let gwt_guard = self.gwt.as_ref().map(|g| g.device_ptr(stream));
         let gwt = gwt_guard.as_ref().map_or(0, |(p, _)| *p);
+        let w = LayerWeights { m0: wt0, m1: wt1, gw, gwt };
+
+        // Scratch per row: the g ping-pong partner, and on the relay sig and
+        // gz (and g_logit where cuBLAS runs the gate GEMMs).
+        let relay = plan.decision.path == Path::Relay;
+        let per_row = match gated {
+            0 => 0,
+            _ if relay => 2 * row + lg * (1 + plan.gate_blas as usize),
+            _ => row,
+        };
+        let chunking = self.chunking(e, per_row, per_row)?;
+        *lock(&self.last_backward_chunking) = Some(chunking);
 
         // grad_alpha
         if apply_alpha {
@@ -736,14 +876,30 @@ impl<T: Element> Stack<T> {
                 .during(|| format!("zeroing grad_alpha ({bytes} bytes)"))?;
         }
 
-        // g ping-pong: grad_u0 and one scratch surface, with the parity
-        // chosen so that the last write lands in grad_u0.
-        let g_scratch = if gated > 0 { Some(tr.scratch::<T>(sh.surface_len(e)?, "g (ping-pong)")?) } else { None };
+        let rows = match chunking {
+            Chunking::Whole => f * e,
+            Chunking::Chunks { rows } => rows,
+        };
+        let g_scratch = if gated > 0 { Some(tr.scratch::<T>(rows * row, "g (ping-pong)")?) } else { None };
+        let (sig, gz, glog) = if gated > 0 && relay {
+            (
+                Some(tr.scratch::<T>(rows * lg, "sig")?),
+                Some(tr.scratch::<T>(rows * row, "gz")?),
+                if plan.gate_blas { Some(tr.scratch::<T>(rows * lg, "g_logit")?) } else { None },
+            )
+        } else {
+            (None, None, None)
+        };
         let gs = g_scratch.as_ref().map_or(0, |b| raw_ptr(b, stream));
-        let (mut g, mut g_next) = if gated.is_multiple_of(2) { (p.grad_u0, gs) } else { (gs, p.grad_u0) };
+        let scratch = [&sig, &gz, &glog].map(|b| b.as_ref().map_or(0, |b| raw_ptr(b, stream)));
 
-        // Final identity layer.
-        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1);
+        // The final identity layer writes g, with the ping-pong parity chosen
+        // so that the last layer's write lands in grad_u0; a chunked walk
+        // starts every chunk from grad_u0 (copied to scratch if the parity
+        // asks for it).
+        let odd = !gated.is_multiple_of(2);
+        let g_final = if chunking == Chunking::Whole && odd { gs } else { p.grad_u0 };
+        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1, 0);
         for (seg, wt, n) in [(0, wt0 + o0, m0), (1, wt1 + o1, m1)] {
             self.kernels.launch(
                 stream,
@@ -751,29 +907,92 @@ impl<T: Element> Stack<T> {
                 e,
                 n,
                 f,
-                &[Arg::Ptr(p.grad_out), Arg::Ptr(p.alpha), Arg::Ptr(wt), Arg::Ptr(g), ea, la, Arg::I32(seg), aa],
+                &[Arg::Ptr(p.grad_out), Arg::Ptr(p.alpha), Arg::Ptr(wt), Arg::Ptr(g_final), ea, la, Arg::I32(seg), aa],
             )?;
         }
 
-        match plan.decision.path {
-            Path::Relay if gated > 0 => {
-                let k_gemm = plan.layer[plan.layer.len() - 1];
-                let sig = tr.scratch::<T>(sh.sig_len(e)?, "sig")?;
-                let gz = tr.scratch::<T>(sh.surface_len(e)?, "gz")?;
-                let glog = if plan.gate_blas { Some(tr.scratch::<T>(sh.sig_len(e)?, "g_logit")?) } else { None };
-                let (psig, pgz) = (raw_ptr(&sig, stream), raw_ptr(&gz, stream));
-                for k in (0..gated).rev() {
-                    let z_k = p.z_all + k as u64 * z_stride;
-                    let (o0, o1, og) = self.layer_offsets(k);
-                    let gw_k = gw + og;
-                    // The plan's choice (made once per call, glog allocated for
-                    // it), not the switch's now.
-                    match (&glog, &self.gate_blas) {
-                        (Some(glog), Ok(blas)) => {
-                            let pglog = raw_ptr(glog, stream);
+        if gated > 0 {
+            match chunking {
+                Chunking::Whole => {
+                    let span = Span { rows: e, foci: f, focus: 0 };
+                    let (g, g_next) = if odd { (gs, p.grad_u0) } else { (p.grad_u0, gs) };
+                    let last = self.backward_layers(stream, span, plan, &w, g, g_next, p.z_all, z_stride, scratch)?;
+                    debug_assert_eq!(last, p.grad_u0, "the last backward write must land in grad_u0");
+                }
+                Chunking::Chunks { rows } => {
+                    for focus in 0..f {
+                        for (e0, n) in chunk::windows(e, rows) {
+                            let span = Span { rows: n, foci: 1, focus };
+                            let at = self.focus_rows(e, focus, e0, row);
+                            let g0 = p.grad_u0 + at;
+                            let (g, g_next) = if odd {
+                                self.ctx.bind_to_thread().during(|| "binding the context".into())?;
+                                let bytes = n * row * sz as usize;
+                                // SAFETY: both ranges hold n rows (grad_u0's window, the chunk scratch).
+                                unsafe { cudarc::driver::result::memcpy_dtod_async(gs, g0, bytes, stream.cu_stream()) }
+                                    .during(|| format!("copying a chunk of g ({bytes} bytes)"))?;
+                                (gs, g0)
+                            } else {
+                                (g0, gs)
+                            };
+                            let last = self.backward_layers(
+                                stream,
+                                span,
+                                plan,
+                                &w,
+                                g,
+                                g_next,
+                                p.z_all + at,
+                                z_stride,
+                                scratch,
+                            )?;
+                            debug_assert_eq!(last, g0, "the last backward write must land in grad_u0");
+                        }
+                    }
+                }
+            }
+        }
+        for b in [g_scratch, sig, gz, glog].into_iter().flatten() {
+            tr.release(b);
+        }
+        Ok(())
+    }
+
+    /// The gated layers of the backward over `span`, from g (ping-ponging
+    /// with g_next); returns where the last layer wrote. `z0` addresses the
+    /// span's rows of z_all's layer 0; `scratch` is (sig, gz, g_logit), used
+    /// by the relay.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_layers(
+        &self,
+        stream: &Arc<CudaStream>,
+        span: Span,
+        plan: &BwdPlan,
+        w: &LayerWeights,
+        mut g: CUdeviceptr,
+        mut g_next: CUdeviceptr,
+        z0: CUdeviceptr,
+        z_stride: u64,
+        [psig, pgz, pglog]: [CUdeviceptr; 3],
+    ) -> Result<CUdeviceptr, MixError> {
+        let sh = StackShape { f: span.foci, ..self.shape };
+        let (f, e, m0, m1) = (span.foci, span.rows, sh.m0(), sh.m1());
+        let ea = Arg::I64(e as i64);
+        let la = Arg::I32(sh.lmax as i32);
+        for k in (0..sh.gated()).rev() {
+            let z_k = z0 + k as u64 * z_stride;
+            let (o0, o1, og) = self.layer_offsets(k, span.focus);
+            let gw_k = w.gw + og;
+            match plan.decision.path {
+                Path::Relay => {
+                    // The plan's choice (made once per call, g_logit allocated
+                    // for it), not the switch's now.
+                    match (plan.gate_blas, &self.gate_blas) {
+                        (true, Ok(blas)) => {
                             let k_glogit = plan.layer[0];
-                            // SAFETY: z_k is layer k of z_all (F x E x ROW), gw_k the
-                            // layer's (F, Cf, LG) block, sig and glog F x E x LG, gz F x E x ROW.
+                            // SAFETY: z_k is layer k of z_all over the span (foci x E x ROW),
+                            // gw_k the span's (Cf, LG) blocks, sig and g_logit foci x E x LG,
+                            // gz foci x E x ROW.
                             self.kernels.external(
                                 stream,
                                 Stage::BwdGlogit,
@@ -815,7 +1034,7 @@ impl<T: Element> Stack<T> {
                                     Arg::Ptr(g),
                                     Arg::Ptr(z_k),
                                     Arg::Ptr(psig),
-                                    Arg::Ptr(gwt + og),
+                                    Arg::Ptr(w.gwt + og),
                                     Arg::Ptr(pgz),
                                     ea,
                                     la,
@@ -823,7 +1042,8 @@ impl<T: Element> Stack<T> {
                             )?;
                         }
                     }
-                    for (seg, wt, n) in [(0, wt0 + o0, m0), (1, wt1 + o1, m1)] {
+                    let k_gemm = plan.layer[plan.layer.len() - 1];
+                    for (seg, wt, n) in [(0, w.m0 + o0, m0), (1, w.m1 + o1, m1)] {
                         self.kernels.launch(
                             stream,
                             k_gemm,
@@ -833,49 +1053,81 @@ impl<T: Element> Stack<T> {
                             &[Arg::Ptr(pgz), Arg::Ptr(g), Arg::Ptr(wt), Arg::Ptr(g_next), ea, la, Arg::I32(seg)],
                         )?;
                     }
-                    std::mem::swap(&mut g, &mut g_next);
                 }
-                tr.release(sig);
-                tr.release(gz);
-                if let Some(b) = glog {
-                    tr.release(b);
-                }
-            }
-            Path::Fused if gated > 0 => {
-                let k_fused = plan.layer[0];
-                for k in (0..gated).rev() {
-                    let z_k = p.z_all + k as u64 * z_stride;
-                    let (o0, o1, og) = self.layer_offsets(k);
+                Path::Fused => {
                     // n = 0: the kernel walks whole row blocks (both segments).
                     self.kernels.launch(
                         stream,
-                        k_fused,
+                        plan.layer[0],
                         e,
                         0,
                         f,
                         &[
                             Arg::Ptr(g),
                             Arg::Ptr(z_k),
-                            Arg::Ptr(gw + og),
-                            Arg::Ptr(gwt + og),
-                            Arg::Ptr(wt0 + o0),
-                            Arg::Ptr(wt1 + o1),
+                            Arg::Ptr(gw_k),
+                            Arg::Ptr(w.gwt + og),
+                            Arg::Ptr(w.m0 + o0),
+                            Arg::Ptr(w.m1 + o1),
                             Arg::Ptr(g_next),
                             ea,
                             la,
                         ],
                     )?;
-                    std::mem::swap(&mut g, &mut g_next);
                 }
             }
-            _ => {}
+            std::mem::swap(&mut g, &mut g_next);
         }
-        debug_assert_eq!(g, p.grad_u0, "the last backward write must land in grad_u0");
-        if let Some(b) = g_scratch {
-            tr.release(b);
-        }
-        Ok(())
+        Ok(g)
     }
+}
+
+/// The rows one launch sequence covers: `rows` edges of `foci` foci from
+/// focus `focus` on (the whole call: every focus; a chunk: one).
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    rows: usize,
+    foci: usize,
+    focus: usize,
+}
+
+/// Device addresses of the stack's weights for one call: W0 and W1 (or
+/// their transposes in the backward), GW and its transpose.
+struct LayerWeights {
+    m0: CUdeviceptr,
+    m1: CUdeviceptr,
+    gw: CUdeviceptr,
+    gwt: CUdeviceptr,
+}
+
+/// A pitched device-to-device copy of `height` rows of `width` bytes.
+fn copy_2d(
+    stream: &CudaStream,
+    src: CUdeviceptr,
+    src_pitch: usize,
+    dst: CUdeviceptr,
+    dst_pitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<(), MixError> {
+    use cudarc::driver::sys;
+    // SAFETY: all-zero is a valid CUDA_MEMCPY2D (host pointers null, no
+    // arrays); the device fields are set below.
+    let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+    c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.srcPitch = src_pitch;
+    c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.dstPitch = dst_pitch;
+    c.WidthInBytes = width;
+    c.Height = height;
+    stream.context().bind_to_thread().during(|| "binding the context".into())?;
+    // SAFETY: both ranges are device memory the caller sized for `height`
+    // rows at their pitches.
+    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream.cu_stream()) }
+        .result()
+        .during(|| format!("a pitched copy of {height} rows of {width} bytes"))
 }
 
 impl<T: Element> Drop for Stack<T> {

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU test suite under compute-sanitizer's memcheck, racecheck, initcheck
+# and synccheck, at small shapes (MIXSTACK_TEST_SMALL=1 skips the large-E
+# tests and thins the fault sweep). Runs on the GPU machine over binaries
+# staged by scripts/stage-device.sh (or GPU_TEST_BIN=path here). Logs and a
+# summary line per tool under $OUT; exit status 1 if any tool reports an error.
+#   scripts/sanitize.sh [TOOL...]      TESTS="filter" narrows the tests
+set -uo pipefail
+OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
+bin=${GPU_TEST_BIN:-.device/gpu_stack}
+if [ -f .device/bundle.tar.xz ] && [ ! -x "$bin" ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+export MIXSTACK_TEST_SMALL=1 MIXSTACK_VECTORS="${MIXSTACK_VECTORS:-$PWD/vectors}"
+status=0
+for tool in ${*:-memcheck racecheck initcheck synccheck}; do
+  log="$OUT/sanitize_$tool.log"
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  "$cs" --tool "$tool" --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 ${TESTS:-} >"$log" 2>&1
+  rc=$?
+  echo "$tool: exit $rc in $(( $(date +%s) - start )) s; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1); $(grep -E "^test result" "$log" | tail -1)"
+  [ "$rc" -ne 0 ] && status=1
+done
+exit $status

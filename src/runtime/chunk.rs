@@ -1,0 +1,101 @@
+//! Bounded scratch: a call whose scratch would pass the cap walks its edges
+//! in chunks, one focus at a time, reusing one chunk's scratch.
+//!
+//! Edges are independent in every stage of the stack, and a chunk runs
+//! exactly the kernels of the whole call on a window of rows, so the
+//! results are bitwise those of the unchunked call. The cap is the stack's
+//! setting ([`ScratchCap::Bytes`]), else [`SCRATCH_CAP_ENV`] read at each
+//! call, else 1/[`DEFAULT_CAP_DIVISOR`] of the device's memory.
+
+use super::error::MixError;
+
+/// The environment variable that sets the scratch cap (bytes).
+pub const SCRATCH_CAP_ENV: &str = "MIXSTACK_SCRATCH_CAP";
+
+/// The spellings [`parse_cap`] accepts.
+pub const CAP_SPELLINGS: &str = "a positive byte count, optionally with a K, M, G or T suffix (powers of 1024): 8G";
+
+/// Default cap: this fraction of the device's memory (an H200: 17.6 GB, so
+/// the seed workload never chunks; a 24 GB card: 3 GB).
+pub const DEFAULT_CAP_DIVISOR: u64 = 8;
+
+/// Where a call's scratch cap comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ScratchCap {
+    /// [`SCRATCH_CAP_ENV`] when set (read at each call), else the default.
+    #[default]
+    FromEnv,
+    /// This many bytes, whatever the environment says.
+    Bytes(u64),
+}
+
+impl ScratchCap {
+    /// The cap in force for a device of `device_bytes`.
+    pub fn resolve(self, device_bytes: u64) -> Result<u64, MixError> {
+        match self {
+            ScratchCap::Bytes(b) => Ok(b),
+            ScratchCap::FromEnv => match std::env::var_os(SCRATCH_CAP_ENV) {
+                None => Ok(device_bytes / DEFAULT_CAP_DIVISOR),
+                Some(v) => parse_cap(&v.to_string_lossy()),
+            },
+        }
+    }
+}
+
+/// Parse a cap: `123`, `64M`, `8G`, `1T` (case-insensitive, trimmed).
+pub fn parse_cap(value: &str) -> Result<u64, MixError> {
+    let bad =
+        || MixError::InvalidSwitch { variable: SCRATCH_CAP_ENV, value: value.to_string(), allowed: CAP_SPELLINGS };
+    let v = value.trim();
+    let (digits, shift) = match v.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(bad()),
+            };
+            (&v[..i], shift)
+        }
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let bytes = n.checked_mul(1u64 << shift).ok_or_else(bad)?;
+    if bytes == 0 {
+        return Err(bad());
+    }
+    Ok(bytes)
+}
+
+/// How one call walks its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chunking {
+    /// Every focus and edge in one launch sequence (scratch within the cap).
+    Whole,
+    /// One focus at a time, `rows` edges per chunk (the last may be shorter).
+    Chunks { rows: usize },
+}
+
+/// The chunking of a call over `f` foci and `e` edges whose scratch is
+/// `whole_row_bytes` per (focus, edge) unchunked, and `chunk_row_bytes` per
+/// edge of a one-focus chunk (it may stage more), under `cap` bytes.
+pub fn plan(f: usize, e: usize, whole_row_bytes: u64, chunk_row_bytes: u64, cap: u64) -> Result<Chunking, MixError> {
+    let whole = (f as u64).checked_mul(e as u64).and_then(|n| n.checked_mul(whole_row_bytes));
+    if whole.is_some_and(|b| b <= cap) || e == 0 {
+        return Ok(Chunking::Whole);
+    }
+    let rows = cap / chunk_row_bytes.max(1);
+    if rows == 0 {
+        return Err(MixError::ScratchCap { cap, row_bytes: chunk_row_bytes });
+    }
+    Ok(Chunking::Chunks { rows: usize::try_from(rows).unwrap_or(usize::MAX).min(e) })
+}
+
+/// The windows `[e0, e0 + rows)` of a chunked walk over `e` edges.
+pub fn windows(e: usize, rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..e).step_by(rows.max(1)).map(move |e0| (e0, rows.min(e - e0)))
+}
