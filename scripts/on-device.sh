@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 date -u | tee -a "$OUT/gpu.txt"
 what=${1:-all}
 if [ "$what" = all ] || [ "$what" = tests ]; then
-  for t in .device/gpu_*; do
+  for t in .device/gpu_* .device/capi_cpu; do
     echo "== $t"; "$t" --test-threads=1 --nocapture 2>&1 | tee "$OUT/$(basename "$t").log" | grep -E "test |SKIPPED|panicked|result|rel|bitwise" | tail -60
   done
   echo "== verify"; .device/mixstack verify 2>&1 | tee "$OUT/verify.log" | tail -30

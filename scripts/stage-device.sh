@@ -16,7 +16,8 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         name = m["target"]["name"]
-        if name.startswith("gpu_"):
+        # gpu_* suites, and capi_cpu whose handle tests also run on a GPU.
+        if name.startswith("gpu_") or name == "capi_cpu":
             shutil.copy(m["executable"], ".device/bin/" + name)
 '
 strip .device/bin/*
