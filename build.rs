@@ -1,24 +1,19 @@
 //! Generates, compiles, checks and embeds the CUDA kernels of the mixing
-//! stack (src/codegen/pipeline.rs). Environment:
+//! stack with the generator crate (crates/gen, `mixstack_gen::pipeline`).
+//! Environment:
 //!   MIXSTACK_CUDA_ROOT  a CUDA 13.0 root (default: .toolchain/nvidia/cu13)
 //!   MIXSTACK_ONLY       comma-separated name filters, for quick dev builds
 //!   MIXSTACK_BLESS=1    write the snapshot generated-tests/ from this build
 
-// The generator is library code too (tests, `mixstack report`); the build
-// script uses part of it.
-#[allow(dead_code)]
-#[path = "src/codegen/mod.rs"]
-mod codegen;
-#[allow(dead_code)]
-#[path = "src/kinds.rs"]
-mod kinds;
-
+use mixstack_gen as codegen;
 use std::path::PathBuf;
 
 fn main() {
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for p in ["specs", "templates", "src/codegen", "src/kinds.rs", "generated-tests", ".toolchain/nvidia/cu13/bin"] {
+    // The generator's own sources are a build-dependency: cargo reruns this
+    // script when they change.
+    for p in ["specs", "templates", "generated-tests", ".toolchain/nvidia/cu13/bin"] {
         println!("cargo:rerun-if-changed={p}");
     }
     for v in ["MIXSTACK_CUDA_ROOT", "MIXSTACK_ONLY", "MIXSTACK_BLESS", "MIXSTACK_CACHE_DIR"] {

@@ -1,6 +1,6 @@
 // One device function per stage of specs/stages.yaml. Instance files call
 // exactly one of these with their tile and shared-memory layout (computed
-// in Rust: src/codegen/layout.rs). Arguments follow docs/KERNELS.md.
+// in Rust: crates/gen/src/layout.rs). Arguments follow docs/KERNELS.md.
 #pragma once
 #include "core.cuh"
 
@@ -456,7 +456,7 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
 // besides its ring, so four 64-row blocks share an SM at the seed's shapes.
 template <typename T, int CF, int BM, int THREADS, typename S>
 struct GzRows {
-  // Rows of the g_logit buffer (src/codegen/layout.rs: GLOG_SUB_ROWS).
+  // Rows of the g_logit buffer (crates/gen/src/layout.rs: GLOG_SUB_ROWS).
   static constexpr int GB = S::glog_rows;
   static_assert(GB > 0 && BM % GB == 0, "whole g_logit sub-blocks");
   const T* gf;

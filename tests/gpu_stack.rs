@@ -17,7 +17,6 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use mixstack::reference::{self, Shape, Weights};
 use mixstack::runtime::dispatch::{Dispatch, Path, Reason, TileOverride, FORWARD_STAGES, FUSED_CF_LIMIT, RELAY_STAGES};
 use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::switch::FUSED_ENV;
@@ -26,7 +25,8 @@ use mixstack::runtime::{
     open_device, BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, GateGemm, PathDecision, Stack,
     StackShape,
 };
-use mixstack::vectors;
+use mixstack_reference::reference::{self, Shape, Weights};
+use mixstack_reference::vectors;
 
 const TOL_F64: f64 = 1e-10;
 const TOL_F32: f64 = 1e-5;

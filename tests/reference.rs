@@ -1,9 +1,9 @@
-//! Tests of the f64 CPU reference (`mixstack::reference`) against the
-//! independent reference vectors (`vectors/`, loaded by `mixstack::vectors`),
+//! Tests of the f64 CPU reference (`mixstack_reference::reference`) against the
+//! independent reference vectors (`vectors/`, loaded by `mixstack_reference::vectors`),
 //! against finite differences, and of the loader's error reporting.
 
-use mixstack::reference::{self, rel_err, Shape, Weights};
-use mixstack::vectors::{self, Case, VectorError};
+use mixstack_reference::reference::{self, rel_err, Shape, Weights};
+use mixstack_reference::vectors::{self, Case, VectorError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -3,8 +3,8 @@
 //! the ptxas report (checked against this build when it used the toolchain).
 //! Bless with: MIXSTACK_BLESS=1 cargo build --release
 
-use mixstack::codegen::{embed::Manifest, expand::expand, pipeline::render_all, snapshot, spec};
 use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE, KERNELS};
+use mixstack_gen::{embed::Manifest, expand::expand, pipeline::render_all, snapshot, spec};
 use std::path::{Path, PathBuf};
 
 const BLESS: &str = "MIXSTACK_BLESS=1 cargo build --release";
@@ -139,8 +139,8 @@ fn fingerprint_ignores_junk_and_sees_every_input() {
         "specs/tiles-old.yaml",
         "templates/#core.cuh#",
         "templates/core.cuh.orig",
-        "src/codegen/notes.txt",
-        "src/codegen/scratch.rs",
+        "crates/gen/src/notes.txt",
+        "crates/gen/src/scratch.rs",
     ] {
         std::fs::write(dir.join(junk), "junk \u{00e9}\u{00ff}").unwrap();
     }
@@ -165,7 +165,7 @@ fn fingerprint_ignores_junk_and_sees_every_input() {
 
 #[test]
 fn cache_key_covers_flags_tools_and_arch() {
-    use mixstack::codegen::compile::cache_key;
+    use mixstack_gen::compile::cache_key;
     let nvcc: Vec<String> = ["-ptx", "-O3", "--fmad=false"].map(String::from).to_vec();
     let ptxas: Vec<String> = ["-v", "-O3", "--fmad=false"].map(String::from).to_vec();
     let base = cache_key("k", b"src", "nvcc 13.0.88\nptxas 13.0.88", "sm_90", &[&nvcc, &ptxas]);

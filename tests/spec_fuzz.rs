@@ -4,7 +4,7 @@
 //! or a typed error (never a panic, never a wrapped number), and whatever is
 //! accepted expands to instances with unique names and sane numbers.
 
-use mixstack::codegen::{expand::expand, pipeline, spec};
+use mixstack_gen::{expand::expand, pipeline, spec};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 

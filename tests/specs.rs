@@ -1,8 +1,8 @@
 //! CPU tests of the generator's front half: specs (errors with file, line
 //! and field), expansion and canonical names, layout, rendering.
 
-use mixstack::codegen::{expand::expand, pipeline, render::Renderer, spec};
 use mixstack::kinds::{canonical_name, Dtype, Geometry, Stage};
+use mixstack_gen::{expand::expand, pipeline, render::Renderer, spec};
 use std::path::{Path, PathBuf};
 
 fn crate_dir() -> PathBuf {

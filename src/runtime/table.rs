@@ -15,7 +15,7 @@ pub struct KernelEntry {
     pub geometry: Geometry,
     pub threads: u32,
     /// Dynamic shared memory at launch: `smem_fixed + smem_per_lg * L*Cf` bytes
-    /// (layout computed once by the generator, src/codegen/layout.rs).
+    /// (layout computed once by the generator, crates/gen/src/layout.rs).
     pub smem_fixed: u32,
     pub smem_per_lg: u32,
     /// ptxas's report for sm_90.

@@ -1,6 +1,12 @@
 //! `mixstack`: report the generated kernels, verify them, benchmark them.
 
-mod cli;
+mod bench;
+mod cublas_gate;
+mod report;
+mod verify;
+
+/// A command's failure, printed by main.
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -28,16 +34,16 @@ enum Command {
         vectors: Option<PathBuf>,
     },
     /// GPU medians of forward and backward, relay and fused, side by side.
-    Bench(cli::bench::BenchArgs),
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Some(Command::Report { json }) => cli::report::run(json),
-        Some(Command::Verify { vectors }) => cli::verify::run(vectors.as_deref()),
-        Some(Command::Bench(args)) => cli::bench::run(&args),
-        None => cli::report::run(false).and_then(|_| cli::verify::run(None)).and_then(|_| cli::bench::run_default()),
+    let args = Cli::parse();
+    let result = match args.command {
+        Some(Command::Report { json }) => report::run(json),
+        Some(Command::Verify { vectors }) => verify::run(vectors.as_deref()),
+        Some(Command::Bench(args)) => bench::run(&args),
+        None => report::run(false).and_then(|_| verify::run(None)).and_then(|_| bench::run_default()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -101,7 +101,6 @@ pub enum VectorError {
     },
 }
 
-/// `env!("CARGO_MANIFEST_DIR")/vectors`: this crate's own copy of the vectors.
 /// `MIXSTACK_VECTORS` if set; else the project's copy (`vectors/` of the
 /// source tree this was built from, or of the working directory when the
 /// binary runs elsewhere, e.g. on a GPU machine without the source tree).
@@ -109,7 +108,8 @@ pub fn default_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MIXSTACK_VECTORS") {
         return PathBuf::from(d);
     }
-    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vectors");
+    // crates/reference -> the workspace root's vectors/
+    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../vectors"));
     if built.join("manifest.json").exists() {
         built
     } else {

@@ -6,9 +6,9 @@
 //! zero checks.
 
 use super::CliResult;
-use mixstack::reference::{self, rel_err};
 use mixstack::runtime::{open_device, BackwardOptions, Element, Path, Stack, StackShape};
-use mixstack::vectors::{self, Case};
+use mixstack_reference::reference::{self, rel_err};
+use mixstack_reference::vectors::{self, Case};
 use std::sync::Arc;
 
 pub const TOL_F64: f64 = 1e-10;

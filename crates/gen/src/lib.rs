@@ -1,6 +1,6 @@
 //! The generator, stage by stage: spec -> expand -> layout -> render ->
-//! compile -> check -> embed (and the committed snapshot). build.rs runs
-//! [`pipeline::run`]; the library exposes the same code to tests and the CLI.
+//! compile -> check -> embed (and the committed snapshot). The root
+//! build.rs runs [`pipeline::run`]; tests and `mixstack report` use the rest.
 
 pub mod check;
 pub mod compile;
@@ -13,3 +13,6 @@ pub mod render;
 pub mod snapshot;
 pub mod spec;
 pub mod vocab;
+
+/// The vocabulary shared with the runtime.
+pub use mixstack_kinds as kinds;

@@ -98,7 +98,7 @@ pub enum Kind {
     Rows,
 }
 
-/// Shared-memory buffers a stage body uses (sizes: src/codegen/layout.rs).
+/// Shared-memory buffers a stage body uses (sizes: crates/gen/src/layout.rs).
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum SmemBuf {

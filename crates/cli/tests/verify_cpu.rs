@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mixstack::vectors::{self, VectorError};
+use mixstack_reference::vectors::{self, VectorError};
 
 /// A temporary vectors directory holding only `manifest.json` with `text`;
 /// removed on drop.

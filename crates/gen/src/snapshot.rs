@@ -13,14 +13,14 @@ pub const CUDA_DIR: &str = "cuda";
 pub const PTX_DIR: &str = "ptx";
 
 /// Exactly the files the generator reads or is built from, by name (README,
-/// "The snapshot"): build.rs, src/kinds.rs, src/codegen/mod.rs and the
-/// modules it declares, the three spec files and the templates the renderer
-/// loads. Anything else beside them (an editor's swap file, a backup, a
+/// "The snapshot"): build.rs, crates/kinds/src/lib.rs, crates/gen/src/lib.rs
+/// and the modules it declares, the three spec files and the templates the
+/// renderer loads. Anything else beside them (an editor's swap file, a backup, a
 /// scratch spec) changes nothing.
 pub fn inputs(crate_dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = vec![crate_dir.join("build.rs"), crate_dir.join("src/kinds.rs")];
-    let codegen = crate_dir.join("src/codegen");
-    let mod_rs = codegen.join("mod.rs");
+    let mut files = vec![crate_dir.join("build.rs"), crate_dir.join("crates/kinds/src/lib.rs")];
+    let codegen = crate_dir.join("crates/gen/src");
+    let mod_rs = codegen.join("lib.rs");
     let mut modules: Vec<String> = std::fs::read_to_string(&mod_rs)?
         .lines()
         .filter_map(|l| l.trim().strip_prefix("pub mod ").or_else(|| l.trim().strip_prefix("mod ")))

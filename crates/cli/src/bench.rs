@@ -42,7 +42,7 @@ pub struct BenchArgs {
     #[arg(long = "forward-variant")]
     pub forward_variants: Vec<String>,
     /// Also time the relay's two gate contractions done by cuBLAS against
-    /// the generated kernels that contain them (src/cli/cublas_gate.rs);
+    /// the generated kernels that contain them (crates/cli/src/cublas_gate.rs);
     /// needs libcublas on the library path.
     #[arg(long)]
     pub cublas_gate: bool,

@@ -2,10 +2,10 @@
 //! dispatch table per key) and the backward path per (dtype, Cf).
 
 use super::CliResult;
-use mixstack::codegen::embed::{DispatchRow, Manifest, ManifestInstance};
 use mixstack::kinds::Dtype;
 use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE};
 use mixstack::runtime::Dispatch;
+use mixstack_gen::embed::{DispatchRow, Manifest, ManifestInstance};
 use serde::Serialize;
 
 #[derive(Serialize)]
