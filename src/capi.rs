@@ -177,7 +177,7 @@ pub fn status_of(e: &MixError) -> mixstack_status {
         | MixError::ScratchCap { .. } => MIXSTACK_ERR_BAD_ARGUMENT,
         MixError::NoDriver { .. } | MixError::Driver { .. } | MixError::Blas { .. } => MIXSTACK_ERR_CUDA,
         MixError::SharedMemory { .. } => MIXSTACK_ERR_UNSUPPORTED,
-        MixError::TableInconsistent { .. } => MIXSTACK_ERR_INTERNAL,
+        MixError::TableInconsistent { .. } | MixError::PlanInconsistent { .. } => MIXSTACK_ERR_INTERNAL,
     }
 }
 

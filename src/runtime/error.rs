@@ -112,6 +112,11 @@ pub enum MixError {
     #[error("the scratch cap of {cap} bytes is below one edge's scratch ({row_bytes} bytes): raise it (MIXSTACK_SCRATCH_CAP or Stack::set_scratch_cap)")]
     ScratchCap { cap: u64, row_bytes: u64 },
 
+    /// A call's plan addresses a buffer the call does not have (a bug,
+    /// reported, not assumed).
+    #[error("the call's plan is inconsistent: {why}")]
+    PlanInconsistent { why: String },
+
     /// A table entry contradicts itself (a build problem, reported, not assumed).
     #[error("kernel table entry `{kernel}` is inconsistent: {why}")]
     TableInconsistent { kernel: &'static str, why: String },

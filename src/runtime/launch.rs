@@ -9,9 +9,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUevent_flags, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
+use super::args::StageCall;
 use super::error::{DriverContext, MixError};
 use super::table::{Geometry, KernelEntry, Pipe, Stage};
 
@@ -94,14 +95,6 @@ pub fn launch_config(
 /// `smem_fixed + smem_per_lg * lg`.
 pub fn dynamic_smem(entry: &KernelEntry, lg: usize) -> u64 {
     entry.smem_fixed as u64 + entry.smem_per_lg as u64 * lg as u64
-}
-
-/// One kernel argument (docs/KERNELS.md: pointers, `long long E`, `int`s).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
-    Ptr(CUdeviceptr),
-    I64(i64),
-    I32(i32),
 }
 
 /// Per-kernel time of one launch, from an event pair around it.
@@ -234,7 +227,8 @@ impl Kernels {
         Ok((func, resident))
     }
 
-    /// Launch `entry` on `stream` over `e` edges and `n` output columns.
+    /// Launch `entry` on `stream` over `e` edges and `n` output columns with
+    /// the arguments of its stage (`call` of another stage is refused).
     pub(crate) fn launch(
         &self,
         stream: &CudaStream,
@@ -242,26 +236,26 @@ impl Kernels {
         e: usize,
         n: usize,
         f: usize,
-        args: &[Arg],
+        call: &StageCall<CUdeviceptr>,
     ) -> Result<(), MixError> {
+        if call.stage() != entry.stage {
+            return Err(MixError::TableInconsistent {
+                kernel: entry.name,
+                why: format!("launched with the arguments of stage {}", call.stage()),
+            });
+        }
         let (func, resident) = self.function(entry)?;
         let cfg = launch_config(entry, e, n, f, self.lg, Some(resident))?;
         self.fault.launch(|| entry.name.to_string())?;
         let profiling = lock(&self.profile).is_some();
         let mut b = stream.launch_builder(&func);
-        for a in args {
-            match a {
-                Arg::Ptr(p) => b.arg(p),
-                Arg::I64(v) => b.arg(v),
-                Arg::I32(v) => b.arg(v),
-            };
-        }
+        call.push(&mut b);
         if profiling {
             b.record_kernel_launch(CUevent_flags::CU_EVENT_DEFAULT);
         }
-        // SAFETY: the argument list follows the stage's signature in
-        // docs/KERNELS.md and every pointer addresses a buffer of the size
-        // that contract implies (checked by the caller).
+        // SAFETY: the arguments are the stage's, in its signature's order
+        // (generated from the same spec as the kernel), and every pointer
+        // addresses a buffer of the size the contract implies (the plan).
         let events = unsafe { b.launch(cfg) }.during(|| {
             format!(
                 "launching {} (grid {:?}, block {:?}, {} B dynamic shared)",

@@ -10,17 +10,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::chunk::{self, Chunking, ScratchCap};
-use super::dispatch::{is_gated_stage, Dispatch, Path, PathDecision, TileOverride, FORWARD_STAGES, RELAY_STAGES};
+use super::chunk::{Chunking, ScratchCap};
+use super::dispatch::{is_gated_stage, Dispatch, PathDecision, TileOverride, FORWARD_STAGES, RELAY_STAGES};
 use super::element::Element;
 use super::error::{DriverContext, MixError, ShapeParam};
 use super::fault::Fault;
-use super::gate_blas::{GateBlas, GateGemm, GATE_BLAS_MIN_CF};
-use super::launch::{Arg, KernelTiming, Kernels};
+use super::gate_blas::{GateBlas, GateGemm};
+use super::launch::{KernelTiming, Kernels};
 use super::memory::{raw_ptr, CallMemory, ScratchPool, Tracker};
+use super::plan::{self, Addr, BackwardChoice, Buf, GateOp, Machine, Plan, Planner, Step};
 use super::shape::{StackShape, MAX_F};
 use super::switch::FusedMode;
-use super::table::{KernelEntry, Stage};
+use super::table::KernelEntry;
 
 /// Options of one backward call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -212,18 +213,7 @@ impl<T: Element> Stack<T> {
         let gwt_d = if gw.is_empty() { None } else { Some(up("gwt", &gwt_host)?) };
         stream.synchronize().during(|| "waiting for the weight upload".into())?;
 
-        let gate_blas = if shape.gated() == 0 {
-            Err("no gated layer".into())
-        } else if shape.cf < GATE_BLAS_MIN_CF {
-            Err(format!("Cf {} < {GATE_BLAS_MIN_CF}: the generated kernels are faster here (gate_blas.rs)", shape.cf))
-        } else if let Some(stage) = [Stage::FwdGateAct, Stage::BwdGlogit]
-            .into_iter()
-            .find(|st| dispatch.default_for(*st, T::DTYPE, shape.cf as u32, shape.lmax as u32).is_none())
-        {
-            Err(format!("no {stage} kernel for {} Cf {} lmax {}", T::DTYPE, shape.cf, shape.lmax))
-        } else {
-            GateBlas::new(stream)
-        };
+        let gate_blas = plan::gate_blas_eligible(&dispatch, &shape, T::DTYPE).and_then(|()| GateBlas::new(stream));
 
         let device_bytes = ctx.total_mem().during(|| "querying the device's memory".into())? as u64;
         Ok(Stack {
@@ -278,28 +268,6 @@ impl<T: Element> Stack<T> {
         self.gate_blas.as_ref().ok().filter(|_| !self.gate_blas_off.load(Ordering::Relaxed))
     }
 
-    /// The cuBLAS gate path for one call, unless `tiles` names one of the
-    /// generated gate stages `generated` (that asks for them); naming
-    /// `blas_stage` where the cuBLAS path does not run is an error, never
-    /// an override silently unused.
-    fn gate_blas_for(
-        &self,
-        tiles: &TileOverride,
-        generated: &[Stage],
-        blas_stage: Stage,
-    ) -> Result<Option<&GateBlas>, MixError> {
-        let blas = self.blas().filter(|_| !generated.iter().any(|s| tiles.get(*s).is_some()));
-        if let (None, Some(name)) = (blas, tiles.get(blas_stage)) {
-            return Err(MixError::BadOverride {
-                stage: blas_stage,
-                dtype: T::DTYPE,
-                cf: self.shape.cf as u32,
-                name: name.to_string(),
-                why: format!("runs only where the gate GEMMs run on cuBLAS; here: {:?}", self.gate_gemm()),
-            });
-        }
-        Ok(blas)
-    }
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
@@ -377,42 +345,17 @@ impl<T: Element> Stack<T> {
         Ok(())
     }
 
-    fn select(&self, stage: Stage, tiles: &TileOverride) -> Result<&'static KernelEntry, MixError> {
-        self.dispatch.select(stage, T::DTYPE, self.shape.cf as u32, self.shape.lmax as u32, tiles)
-    }
-
     /// The path and the kernels a backward call with `opts` would launch
     /// (reads the environment for [`FusedMode::FromEnv`]); launches nothing.
     pub fn backward_plan(&self, opts: &BackwardOptions) -> Result<(PathDecision, Vec<&'static KernelEntry>), MixError> {
-        let plan = self.plan_backward(opts)?;
-        let mut v = vec![plan.grad_alpha, plan.final_];
-        v.extend(plan.layer.iter().copied());
-        Ok((plan.decision, v))
+        let c = self.backward_choice(opts)?;
+        let mut v = vec![c.grad_alpha, c.final_];
+        v.extend(c.layer.iter().copied());
+        Ok((c.decision, v))
     }
 
-    fn plan_backward(&self, opts: &BackwardOptions) -> Result<BwdPlan, MixError> {
-        let (cf, lmax) = (self.shape.cf as u32, self.shape.lmax as u32);
-        self.dispatch.validate_override(T::DTYPE, cf, lmax, &opts.tiles)?;
-        let requested = opts.fused.requested()?;
-        let decision = self.dispatch.decide_backward_path_at(T::DTYPE, cf, lmax, requested);
-        let grad_alpha = self.select(Stage::BwdGradAlpha, &opts.tiles)?;
-        let final_ = self.select(Stage::BwdFinal, &opts.tiles)?;
-        let mut layer = Vec::new();
-        let gate_blas = decision.path == Path::Relay
-            && self
-                .gate_blas_for(&opts.tiles, &[Stage::BwdRecompute, Stage::BwdPointwise], Stage::BwdGlogit)?
-                .is_some();
-        if self.shape.gated() > 0 {
-            let stages: &[Stage] = match decision.path {
-                Path::Relay if gate_blas => &[Stage::BwdGlogit, Stage::BwdGemm],
-                Path::Relay => &[Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGemm],
-                Path::Fused => &[Stage::BwdFused],
-            };
-            for &s in stages {
-                layer.push(self.select(s, &opts.tiles)?);
-            }
-        }
-        Ok(BwdPlan { decision, grad_alpha, final_, layer, gate_blas })
+    fn backward_choice(&self, opts: &BackwardOptions) -> Result<BackwardChoice, MixError> {
+        self.planner().backward_choice(opts.fused.requested()?, &opts.tiles, self.blas().is_some())
     }
 
     // ------------------------------------------------------------------
@@ -494,7 +437,7 @@ impl<T: Element> Stack<T> {
         check_len("z_all", sh.z_all_len(e)?, z_all.len())?;
         check_len("alpha", sh.alpha_len(e)?, alpha.len())?;
         sh.check_edges(e, std::mem::size_of::<T>())?;
-        let plan = self.plan_backward(opts)?;
+        let plan = self.backward_choice(opts)?;
 
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         let mut grad_u0 = tr.output::<T>(sh.surface_len(e)?, "grad_u0")?;
@@ -571,7 +514,7 @@ impl<T: Element> Stack<T> {
     ) -> Result<PathDecision, MixError> {
         self.check_stream(stream)?;
         self.shape.check_edges(e, std::mem::size_of::<T>())?;
-        let plan = self.plan_backward(opts)?;
+        let plan = self.backward_choice(opts)?;
         *lock(&self.last_path) = Some(plan.decision);
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if e > 0 {
@@ -592,20 +535,6 @@ impl<T: Element> Stack<T> {
     // ------------------------------------------------------------------
     // Launch sequences
     // ------------------------------------------------------------------
-
-    /// Byte offsets of layer `k`'s blocks for focus `focus`: (w0_k, w1_k, gw_k).
-    fn layer_offsets(&self, k: usize, focus: usize) -> (u64, u64, u64) {
-        let sh = &self.shape;
-        let sz = std::mem::size_of::<T>() as u64;
-        let (f, m0, m1, cf, lg) = (sh.f as u64, sh.m0() as u64, sh.m1() as u64, sh.cf as u64, sh.lg() as u64);
-        let (k, q) = (k as u64, focus as u64);
-        ((k * f + q) * m0 * m0 * sz, (k * f + q) * m1 * m1 * sz, (k * f + q) * cf * lg * sz)
-    }
-
-    /// Byte offset of row `e0` of focus `focus` in a focus-major (F, E, width) tensor.
-    fn focus_rows(&self, e: usize, focus: usize, e0: usize, width: usize) -> u64 {
-        ((focus * e + e0) * width * std::mem::size_of::<T>()) as u64
-    }
 
     /// The scratch cap in force for the next call, in bytes (the stack's
     /// setting, else [`chunk::SCRATCH_CAP_ENV`], else a share of the device).
@@ -632,11 +561,120 @@ impl<T: Element> Stack<T> {
         self.pool.as_ref().map(ScratchPool::used_bytes).transpose()
     }
 
-    /// The chunking of a call over `e` edges, scratch `whole` bytes per
-    /// (focus, edge) unchunked and `chunked` per edge of a chunk.
-    fn chunking(&self, e: usize, whole: usize, chunked: usize) -> Result<Chunking, MixError> {
-        let sz = std::mem::size_of::<T>() as u64;
-        chunk::plan(self.shape.f, e, whole as u64 * sz, chunked as u64 * sz, self.scratch_cap()?)
+    /// The planner over this stack's shape, dtype and kernel table.
+    fn planner(&self) -> Planner<'_> {
+        Planner { shape: self.shape, dtype: T::DTYPE, dispatch: &self.dispatch }
+    }
+
+    /// What this stack offers a call's plan now.
+    fn machine(&self) -> Result<Machine, MixError> {
+        Ok(Machine { cublas: self.blas().is_some(), scratch_cap: self.scratch_cap()? })
+    }
+
+    /// The forward's plan over `e` > 0 edges.
+    pub fn forward_plan(&self, e: usize, apply_alpha: bool, tiles: &TileOverride) -> Result<Plan, MixError> {
+        self.planner().forward(e, apply_alpha, tiles, &self.machine()?)
+    }
+
+    /// The backward's plan over `e` > 0 edges with `opts` (reads the
+    /// environment for [`FusedMode::FromEnv`]).
+    pub fn backward_plan_steps(&self, e: usize, apply_alpha: bool, opts: &BackwardOptions) -> Result<Plan, MixError> {
+        let choice = self.backward_choice(opts)?;
+        self.planner().backward(e, apply_alpha, &choice, &self.machine()?)
+    }
+
+    /// Run `plan` on `stream` over the caller's buffers `io`: every step in
+    /// order, scratch from the pool through `tr`. On an error the scratch
+    /// taken so far is freed (dropped) and the error returned.
+    fn run_plan(&self, stream: &Arc<CudaStream>, plan: &Plan, io: &Io, tr: &mut Tracker<'_>) -> Result<(), MixError> {
+        // Weight guards live until every step is enqueued, so their read
+        // events are recorded after the kernels that read them.
+        let (w0, _g0) = self.w0.device_ptr(stream);
+        let (w1, _g1) = self.w1.device_ptr(stream);
+        let (wt0, _g2) = self.wt0.device_ptr(stream);
+        let (wt1, _g3) = self.wt1.device_ptr(stream);
+        let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
+        let gwt_guard = self.gwt.as_ref().map(|g| g.device_ptr(stream));
+        let (gw, gwt) = (gw_guard.as_ref().map_or(0, |(p, _)| *p), gwt_guard.as_ref().map_or(0, |(p, _)| *p));
+        let mut scratch: Vec<Option<CudaSlice<T>>> = plan.scratch.iter().map(|_| None).collect();
+        let mut at: Vec<CUdeviceptr> = vec![0; plan.scratch.len()];
+        let resolve = |a: &Addr, at: &[CUdeviceptr]| -> Result<CUdeviceptr, MixError> {
+            let base = match a.buf {
+                Buf::U0 => io.u0,
+                Buf::Alpha => io.alpha,
+                Buf::Out => io.out,
+                Buf::ZAll => io.z_all,
+                Buf::GradOut => io.grad_out,
+                Buf::GradU0 => io.grad_u0,
+                Buf::GradAlpha => io.grad_alpha,
+                Buf::W0 => w0,
+                Buf::W1 => w1,
+                Buf::Wt0 => wt0,
+                Buf::Wt1 => wt1,
+                Buf::Gw => gw,
+                Buf::Gwt => gwt,
+                Buf::Scratch(i) => at.get(i).copied().unwrap_or(0),
+            };
+            if base == 0 {
+                return Err(MixError::PlanInconsistent { why: format!("{a:?} is not a live buffer of this call") });
+            }
+            Ok(base + a.byte)
+        };
+        for step in &plan.steps {
+            match step {
+                Step::Alloc(i) => {
+                    let s = &plan.scratch[*i];
+                    let buf = tr.scratch::<T>(s.elems, s.name)?;
+                    at[*i] = raw_ptr(&buf, stream);
+                    scratch[*i] = Some(buf);
+                }
+                Step::Free(i) => {
+                    if let Some(buf) = scratch[*i].take() {
+                        tr.release(buf);
+                    }
+                    at[*i] = 0;
+                }
+                Step::Launch { kernel, e, n, foci, call } => {
+                    let call = call.try_map(|a| resolve(a, &at))?;
+                    self.kernels.launch(stream, kernel, *e, *n, *foci, &call)?;
+                }
+                Step::Gemm { stage, op, e, foci, a, w, c } => {
+                    let blas = self.gate_blas.as_ref().map_err(|why| MixError::PlanInconsistent {
+                        why: format!("the plan runs a cuBLAS gate GEMM, but cuBLAS is not in use: {why}"),
+                    })?;
+                    let sh = StackShape { f: *foci, ..self.shape };
+                    let (a, w, c) = (resolve(a, &at)?, resolve(w, &at)?, resolve(c, &at)?);
+                    // SAFETY: the plan addresses the span's rows (foci x E) of
+                    // z_all or g_logit, its (Cf, LG) gate blocks, and sig or gz,
+                    // each as large as the GEMM reads or writes.
+                    self.kernels.external(stream, *stage, op.label(), || unsafe {
+                        match op {
+                            GateOp::Projection => blas.projection::<T>(stream, &sh, *e, a, w, c),
+                            GateOp::LogitContraction => blas.logit_contraction::<T>(stream, &sh, *e, a, w, c),
+                        }
+                    })?;
+                }
+                Step::Copy { src, dst, bytes } => {
+                    let (src, dst) = (resolve(src, &at)?, resolve(dst, &at)?);
+                    self.ctx.bind_to_thread().during(|| "binding the context".into())?;
+                    // SAFETY: both ranges hold `bytes` bytes (the plan's chunk rows).
+                    unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, *bytes, stream.cu_stream()) }
+                        .during(|| format!("copying a chunk ({bytes} bytes)"))?;
+                }
+                Step::Copy2d { src, src_pitch, dst, dst_pitch, width, height } => {
+                    let (src, dst) = (resolve(src, &at)?, resolve(dst, &at)?);
+                    copy_2d(stream, src, *src_pitch, dst, *dst_pitch, *width, *height)?;
+                }
+                Step::Zero { dst, bytes } => {
+                    let dst = resolve(dst, &at)?;
+                    self.ctx.bind_to_thread().during(|| "binding the context".into())?;
+                    // SAFETY: dst holds `bytes` bytes (grad_alpha: E*F elements, caller contract).
+                    unsafe { cudarc::driver::result::memset_d8_async(dst, 0, *bytes, stream.cu_stream()) }
+                        .during(|| format!("zeroing {dst:#x} ({bytes} bytes)"))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn forward_core(
@@ -648,178 +686,10 @@ impl<T: Element> Stack<T> {
         tiles: &TileOverride,
         tr: &mut Tracker<'_>,
     ) -> Result<(), MixError> {
-        let sh = self.shape;
-        let gated = sh.gated();
-        let blas = self.gate_blas_for(tiles, &[Stage::FwdGate], Stage::FwdGateAct)?;
-        let layer_kernels = if gated > 0 {
-            Some((
-                self.select(Stage::FwdM0, tiles)?,
-                self.select(if blas.is_some() { Stage::FwdGateAct } else { Stage::FwdGate }, tiles)?,
-                self.select(Stage::FwdM1, tiles)?,
-            ))
-        } else {
-            None
-        };
-        let k_final = self.select(Stage::FwdFinal, tiles)?;
-        let (row, lg) = (sh.row(), sh.lg());
-        let sz = std::mem::size_of::<T>() as u64;
-        let z_stride = sh.surface_len(e)? as u64 * sz;
-        // Weight guards live until every launch is enqueued, so their read
-        // events are recorded after the kernels that read them.
-        let (w0, _r0) = self.w0.device_ptr(stream);
-        let (w1, _r1) = self.w1.device_ptr(stream);
-        let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
-        let gw = gw_guard.as_ref().map_or(0, |(p, _)| *p);
-        let w = LayerWeights { m0: w0, m1: w1, gw, gwt: 0 };
-
-        // Scratch per row: the ping-pong pair of u (one suffices for a single
-        // gated layer) and the gate surface sig; a chunk also stages its
-        // rows of `out` and its column of alpha (edge-major tensors).
-        let per_row = if gated == 0 { 0 } else { row * gated.min(2) + lg };
-        let chunking = self.chunking(e, per_row, per_row + row + 1)?;
-        *lock(&self.last_forward_chunking) = Some(chunking);
-        let rows = match chunking {
-            Chunking::Whole => sh.f * e,
-            Chunking::Chunks { rows } => rows,
-        };
-        let u_a = if gated >= 1 { Some(tr.scratch::<T>(rows * row, "u (ping)")?) } else { None };
-        let u_b = if gated >= 2 { Some(tr.scratch::<T>(rows * row, "u (pong)")?) } else { None };
-        let sig = if gated >= 1 { Some(tr.scratch::<T>(rows * lg, "sig")?) } else { None };
-        let scratch = [&u_a, &u_b, &sig].map(|b| b.as_ref().map_or(0, |b| raw_ptr(b, stream)));
-
-        match chunking {
-            Chunking::Whole => {
-                let span = Span { rows: e, foci: sh.f, focus: 0 };
-                let u = self.forward_layers(stream, span, layer_kernels, blas, &w, p.u0, p.z_all, z_stride, scratch)?;
-                self.forward_final(stream, span, k_final, &w, u, p.alpha, p.out, apply_alpha)?;
-            }
-            Chunking::Chunks { rows } => {
-                let out_stage = tr.scratch::<T>(rows * row, "out (chunk)")?;
-                let alpha_stage = tr.scratch::<T>(rows, "alpha (chunk)")?;
-                let (po, pa) = (raw_ptr(&out_stage, stream), raw_ptr(&alpha_stage, stream));
-                for focus in 0..sh.f {
-                    for (e0, n) in chunk::windows(e, rows) {
-                        let span = Span { rows: n, foci: 1, focus };
-                        let at = self.focus_rows(e, focus, e0, row);
-                        let u = self.forward_layers(
-                            stream,
-                            span,
-                            layer_kernels,
-                            blas,
-                            &w,
-                            p.u0 + at,
-                            p.z_all + at,
-                            z_stride,
-                            scratch,
-                        )?;
-                        // alpha[e0.., focus] -> a column; the chunk's rows of
-                        // out leave through a pitched copy.
-                        let edge_pitch = sh.f * row * sz as usize;
-                        let edge_at = ((e0 * sh.f + focus) * sz as usize) as u64;
-                        if apply_alpha {
-                            copy_2d(stream, p.alpha + edge_at, sh.f * sz as usize, pa, sz as usize, sz as usize, n)?;
-                        }
-                        self.forward_final(stream, span, k_final, &w, u, pa, po, apply_alpha)?;
-                        let out_at = edge_at * row as u64;
-                        let row_bytes = row * sz as usize;
-                        copy_2d(stream, po, row_bytes, p.out + out_at, edge_pitch, row_bytes, n)?;
-                    }
-                }
-                tr.release(out_stage);
-                tr.release(alpha_stage);
-            }
-        }
-        for b in [u_a, u_b, sig].into_iter().flatten() {
-            tr.release(b);
-        }
-        Ok(())
-    }
-
-    /// The gated layers of the forward over `span`; returns where u ends.
-    /// `u0` and `z0` address the span's rows of u0 and of z_all's layer 0.
-    #[allow(clippy::too_many_arguments)]
-    fn forward_layers(
-        &self,
-        stream: &Arc<CudaStream>,
-        span: Span,
-        kernels: Option<(&'static KernelEntry, &'static KernelEntry, &'static KernelEntry)>,
-        blas: Option<&GateBlas>,
-        w: &LayerWeights,
-        u0: CUdeviceptr,
-        z0: CUdeviceptr,
-        z_stride: u64,
-        [pa, pb, psig]: [CUdeviceptr; 3],
-    ) -> Result<CUdeviceptr, MixError> {
-        let Some((k_m0, k_gate, k_m1)) = kernels else { return Ok(u0) };
-        let sh = StackShape { f: span.foci, ..self.shape };
-        let (f, e, m0, m1) = (span.foci, span.rows, sh.m0(), sh.m1());
-        let ea = Arg::I64(e as i64);
-        let la = Arg::I32(sh.lmax as i32);
-        let mut u = u0;
-        for k in 0..sh.gated() {
-            let u_next = if k % 2 == 0 { pa } else { pb };
-            let z_k = z0 + k as u64 * z_stride;
-            let (o0, o1, og) = self.layer_offsets(k, span.focus);
-            self.kernels.launch(stream, k_m0, e, m0, f, &[Arg::Ptr(u), Arg::Ptr(w.m0 + o0), Arg::Ptr(z_k), ea, la])?;
-            // fwd_gate_act (after cuBLAS wrote the logits into sig) takes
-            // fwd_gate's arguments but GW.
-            let (with_gw, act) = (
-                [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(w.gw + og), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
-                [Arg::Ptr(u), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(u_next), ea, la],
-            );
-            let gate_args: &[Arg] = match blas {
-                Some(blas) => {
-                    // SAFETY: z_k is layer k of z_all over the span (foci x E x ROW),
-                    // gw + og the span's (Cf, LG) blocks, sig foci x E x LG.
-                    self.kernels.external(stream, Stage::FwdGateAct, "cublas gemm: logit = s @ GW", || unsafe {
-                        blas.projection::<T>(stream, &sh, e, z_k, w.gw + og, psig)
-                    })?;
-                    &act
-                }
-                None => &with_gw,
-            };
-            self.kernels.launch(stream, k_gate, e, 0, f, gate_args)?;
-            self.kernels.launch(
-                stream,
-                k_m1,
-                e,
-                m1,
-                f,
-                &[Arg::Ptr(u), Arg::Ptr(w.m1 + o1), Arg::Ptr(psig), Arg::Ptr(z_k), Arg::Ptr(u_next), ea, la],
-            )?;
-            u = u_next;
-        }
-        Ok(u)
-    }
-
-    /// The forward's identity layer over `span`: out (edge-major over the
-    /// span's foci) from u.
-    #[allow(clippy::too_many_arguments)]
-    fn forward_final(
-        &self,
-        stream: &Arc<CudaStream>,
-        span: Span,
-        k_final: &'static KernelEntry,
-        w: &LayerWeights,
-        u: CUdeviceptr,
-        alpha: CUdeviceptr,
-        out: CUdeviceptr,
-        apply_alpha: bool,
-    ) -> Result<(), MixError> {
-        let sh = self.shape;
-        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1, span.focus);
-        let (ea, la, aa) = (Arg::I64(span.rows as i64), Arg::I32(sh.lmax as i32), Arg::I32(apply_alpha as i32));
-        for (seg, wp, n) in [(0, w.m0 + o0, sh.m0()), (1, w.m1 + o1, sh.m1())] {
-            self.kernels.launch(
-                stream,
-                k_final,
-                span.rows,
-                n,
-                span.foci,
-                &[Arg::Ptr(u), Arg::Ptr(wp), Arg::Ptr(alpha), Arg::Ptr(out), ea, la, Arg::I32(seg), aa],
-            )?;
-        }
-        Ok(())
+        let plan = self.forward_plan(e, apply_alpha, tiles)?;
+        *lock(&self.last_forward_chunking) = Some(plan.chunking);
+        let io = Io { u0: p.u0, alpha: p.alpha, out: p.out, z_all: p.z_all, ..Io::default() };
+        self.run_plan(stream, &plan, &io, tr)
     }
 
     fn backward_core(
@@ -828,276 +698,34 @@ impl<T: Element> Stack<T> {
         e: usize,
         p: &BackwardPtrs,
         apply_alpha: bool,
-        plan: &BwdPlan,
+        choice: &BackwardChoice,
         tr: &mut Tracker<'_>,
     ) -> Result<(), MixError> {
-        let sh = self.shape;
-        let gated = sh.gated();
-        let (f, m0, m1, row, lg) = (sh.f, sh.m0(), sh.m1(), sh.row(), sh.lg());
-        let sz = std::mem::size_of::<T>() as u64;
-        let z_stride = sh.surface_len(e)? as u64 * sz;
-        let ea = Arg::I64(e as i64);
-        let la = Arg::I32(sh.lmax as i32);
-        let aa = Arg::I32(apply_alpha as i32);
-        let (wt0, _r0) = self.wt0.device_ptr(stream);
-        let (wt1, _r1) = self.wt1.device_ptr(stream);
-        let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
-        let gw = gw_guard.as_ref().map_or(0, |(p, _)| *p);
-        let gwt_guard = self.gwt.as_ref().map(|g| g.device_ptr(stream));
-        let gwt = gwt_guard.as_ref().map_or(0, |(p, _)| *p);
-        let w = LayerWeights { m0: wt0, m1: wt1, gw, gwt };
-
-        // Scratch per row: the g ping-pong partner, and on the relay sig and
-        // gz (and g_logit where cuBLAS runs the gate GEMMs).
-        let relay = plan.decision.path == Path::Relay;
-        let per_row = match gated {
-            0 => 0,
-            _ if relay => 2 * row + lg * (1 + plan.gate_blas as usize),
-            _ => row,
+        let plan = self.planner().backward(e, apply_alpha, choice, &self.machine()?)?;
+        *lock(&self.last_backward_chunking) = Some(plan.chunking);
+        let io = Io {
+            grad_out: p.grad_out,
+            out: p.out,
+            z_all: p.z_all,
+            alpha: p.alpha,
+            grad_u0: p.grad_u0,
+            grad_alpha: p.grad_alpha,
+            ..Io::default()
         };
-        let chunking = self.chunking(e, per_row, per_row)?;
-        *lock(&self.last_backward_chunking) = Some(chunking);
-
-        // grad_alpha
-        if apply_alpha {
-            self.kernels.launch(
-                stream,
-                plan.grad_alpha,
-                e,
-                0,
-                f,
-                &[Arg::Ptr(p.grad_out), Arg::Ptr(p.out), Arg::Ptr(p.alpha), Arg::Ptr(p.grad_alpha), ea, la],
-            )?;
-        } else {
-            let bytes = sh.alpha_len(e)? * std::mem::size_of::<T>();
-            self.ctx.bind_to_thread().during(|| "binding the context".into())?;
-            // SAFETY: grad_alpha holds E*F elements (caller contract).
-            unsafe { cudarc::driver::result::memset_d8_async(p.grad_alpha, 0, bytes, stream.cu_stream()) }
-                .during(|| format!("zeroing grad_alpha ({bytes} bytes)"))?;
-        }
-
-        let rows = match chunking {
-            Chunking::Whole => f * e,
-            Chunking::Chunks { rows } => rows,
-        };
-        let g_scratch = if gated > 0 { Some(tr.scratch::<T>(rows * row, "g (ping-pong)")?) } else { None };
-        let (sig, gz, glog) = if gated > 0 && relay {
-            (
-                Some(tr.scratch::<T>(rows * lg, "sig")?),
-                Some(tr.scratch::<T>(rows * row, "gz")?),
-                if plan.gate_blas { Some(tr.scratch::<T>(rows * lg, "g_logit")?) } else { None },
-            )
-        } else {
-            (None, None, None)
-        };
-        let gs = g_scratch.as_ref().map_or(0, |b| raw_ptr(b, stream));
-        let scratch = [&sig, &gz, &glog].map(|b| b.as_ref().map_or(0, |b| raw_ptr(b, stream)));
-
-        // The final identity layer writes g, with the ping-pong parity chosen
-        // so that the last layer's write lands in grad_u0; a chunked walk
-        // starts every chunk from grad_u0 (copied to scratch if the parity
-        // asks for it).
-        let odd = !gated.is_multiple_of(2);
-        let g_final = if chunking == Chunking::Whole && odd { gs } else { p.grad_u0 };
-        let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1, 0);
-        for (seg, wt, n) in [(0, wt0 + o0, m0), (1, wt1 + o1, m1)] {
-            self.kernels.launch(
-                stream,
-                plan.final_,
-                e,
-                n,
-                f,
-                &[Arg::Ptr(p.grad_out), Arg::Ptr(p.alpha), Arg::Ptr(wt), Arg::Ptr(g_final), ea, la, Arg::I32(seg), aa],
-            )?;
-        }
-
-        if gated > 0 {
-            match chunking {
-                Chunking::Whole => {
-                    let span = Span { rows: e, foci: f, focus: 0 };
-                    let (g, g_next) = if odd { (gs, p.grad_u0) } else { (p.grad_u0, gs) };
-                    let last = self.backward_layers(stream, span, plan, &w, g, g_next, p.z_all, z_stride, scratch)?;
-                    debug_assert_eq!(last, p.grad_u0, "the last backward write must land in grad_u0");
-                }
-                Chunking::Chunks { rows } => {
-                    for focus in 0..f {
-                        for (e0, n) in chunk::windows(e, rows) {
-                            let span = Span { rows: n, foci: 1, focus };
-                            let at = self.focus_rows(e, focus, e0, row);
-                            let g0 = p.grad_u0 + at;
-                            let (g, g_next) = if odd {
-                                self.ctx.bind_to_thread().during(|| "binding the context".into())?;
-                                let bytes = n * row * sz as usize;
-                                // SAFETY: both ranges hold n rows (grad_u0's window, the chunk scratch).
-                                unsafe { cudarc::driver::result::memcpy_dtod_async(gs, g0, bytes, stream.cu_stream()) }
-                                    .during(|| format!("copying a chunk of g ({bytes} bytes)"))?;
-                                (gs, g0)
-                            } else {
-                                (g0, gs)
-                            };
-                            let last = self.backward_layers(
-                                stream,
-                                span,
-                                plan,
-                                &w,
-                                g,
-                                g_next,
-                                p.z_all + at,
-                                z_stride,
-                                scratch,
-                            )?;
-                            debug_assert_eq!(last, g0, "the last backward write must land in grad_u0");
-                        }
-                    }
-                }
-            }
-        }
-        for b in [g_scratch, sig, gz, glog].into_iter().flatten() {
-            tr.release(b);
-        }
-        Ok(())
-    }
-
-    /// The gated layers of the backward over `span`, from g (ping-ponging
-    /// with g_next); returns where the last layer wrote. `z0` addresses the
-    /// span's rows of z_all's layer 0; `scratch` is (sig, gz, g_logit), used
-    /// by the relay.
-    #[allow(clippy::too_many_arguments)]
-    fn backward_layers(
-        &self,
-        stream: &Arc<CudaStream>,
-        span: Span,
-        plan: &BwdPlan,
-        w: &LayerWeights,
-        mut g: CUdeviceptr,
-        mut g_next: CUdeviceptr,
-        z0: CUdeviceptr,
-        z_stride: u64,
-        [psig, pgz, pglog]: [CUdeviceptr; 3],
-    ) -> Result<CUdeviceptr, MixError> {
-        let sh = StackShape { f: span.foci, ..self.shape };
-        let (f, e, m0, m1) = (span.foci, span.rows, sh.m0(), sh.m1());
-        let ea = Arg::I64(e as i64);
-        let la = Arg::I32(sh.lmax as i32);
-        for k in (0..sh.gated()).rev() {
-            let z_k = z0 + k as u64 * z_stride;
-            let (o0, o1, og) = self.layer_offsets(k, span.focus);
-            let gw_k = w.gw + og;
-            match plan.decision.path {
-                Path::Relay => {
-                    // The plan's choice (made once per call, g_logit allocated
-                    // for it), not the switch's now.
-                    match (plan.gate_blas, &self.gate_blas) {
-                        (true, Ok(blas)) => {
-                            let k_glogit = plan.layer[0];
-                            // SAFETY: z_k is layer k of z_all over the span (foci x E x ROW),
-                            // gw_k the span's (Cf, LG) blocks, sig and g_logit foci x E x LG,
-                            // gz foci x E x ROW.
-                            self.kernels.external(
-                                stream,
-                                Stage::BwdGlogit,
-                                "cublas gemm: logit = s @ GW",
-                                || unsafe { blas.projection::<T>(stream, &sh, e, z_k, gw_k, psig) },
-                            )?;
-                            self.kernels.launch(
-                                stream,
-                                k_glogit,
-                                e,
-                                0,
-                                f,
-                                &[Arg::Ptr(g), Arg::Ptr(z_k), Arg::Ptr(psig), Arg::Ptr(pglog), Arg::Ptr(pgz), ea, la],
-                            )?;
-                            self.kernels.external(
-                                stream,
-                                Stage::BwdGlogit,
-                                "cublas gemm: gz_s += g_logit @ GW^T",
-                                || unsafe { blas.logit_contraction::<T>(stream, &sh, e, pglog, gw_k, pgz) },
-                            )?;
-                        }
-                        _ => {
-                            let (k_rec, k_pw) = (plan.layer[0], plan.layer[1]);
-                            self.kernels.launch(
-                                stream,
-                                k_rec,
-                                e,
-                                0,
-                                f,
-                                &[Arg::Ptr(z_k), Arg::Ptr(gw_k), Arg::Ptr(psig), ea, la],
-                            )?;
-                            self.kernels.launch(
-                                stream,
-                                k_pw,
-                                e,
-                                0,
-                                f,
-                                &[
-                                    Arg::Ptr(g),
-                                    Arg::Ptr(z_k),
-                                    Arg::Ptr(psig),
-                                    Arg::Ptr(w.gwt + og),
-                                    Arg::Ptr(pgz),
-                                    ea,
-                                    la,
-                                ],
-                            )?;
-                        }
-                    }
-                    let k_gemm = plan.layer[plan.layer.len() - 1];
-                    for (seg, wt, n) in [(0, w.m0 + o0, m0), (1, w.m1 + o1, m1)] {
-                        self.kernels.launch(
-                            stream,
-                            k_gemm,
-                            e,
-                            n,
-                            f,
-                            &[Arg::Ptr(pgz), Arg::Ptr(g), Arg::Ptr(wt), Arg::Ptr(g_next), ea, la, Arg::I32(seg)],
-                        )?;
-                    }
-                }
-                Path::Fused => {
-                    // n = 0: the kernel walks whole row blocks (both segments).
-                    self.kernels.launch(
-                        stream,
-                        plan.layer[0],
-                        e,
-                        0,
-                        f,
-                        &[
-                            Arg::Ptr(g),
-                            Arg::Ptr(z_k),
-                            Arg::Ptr(gw_k),
-                            Arg::Ptr(w.gwt + og),
-                            Arg::Ptr(w.m0 + o0),
-                            Arg::Ptr(w.m1 + o1),
-                            Arg::Ptr(g_next),
-                            ea,
-                            la,
-                        ],
-                    )?;
-                }
-            }
-            std::mem::swap(&mut g, &mut g_next);
-        }
-        Ok(g)
+        self.run_plan(stream, &plan, &io, tr)
     }
 }
 
-/// The rows one launch sequence covers: `rows` edges of `foci` foci from
-/// focus `focus` on (the whole call: every focus; a chunk: one).
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    rows: usize,
-    foci: usize,
-    focus: usize,
-}
-
-/// Device addresses of the stack's weights for one call: W0 and W1 (or
-/// their transposes in the backward), GW and its transpose.
-struct LayerWeights {
-    m0: CUdeviceptr,
-    m1: CUdeviceptr,
-    gw: CUdeviceptr,
-    gwt: CUdeviceptr,
+/// The caller's buffers of one call (0 where the call has none).
+#[derive(Clone, Copy, Debug, Default)]
+struct Io {
+    u0: CUdeviceptr,
+    alpha: CUdeviceptr,
+    out: CUdeviceptr,
+    z_all: CUdeviceptr,
+    grad_out: CUdeviceptr,
+    grad_u0: CUdeviceptr,
+    grad_alpha: CUdeviceptr,
 }
 
 /// A pitched device-to-device copy of `height` rows of `width` bytes.
@@ -1137,18 +765,6 @@ impl<T: Element> Drop for Stack<T> {
     fn drop(&mut self) {
         let _ = self.ctx.synchronize();
     }
-}
-
-/// What one backward call launches.
-struct BwdPlan {
-    decision: PathDecision,
-    grad_alpha: &'static KernelEntry,
-    final_: &'static KernelEntry,
-    /// Per gated layer: relay [recompute, pointwise, gemm], relay with the
-    /// gate GEMMs by cuBLAS [glogit, gemm], or fused [fused]; empty when
-    /// there is no gated layer.
-    layer: Vec<&'static KernelEntry>,
-    gate_blas: bool,
 }
 
 /// Check (F, Cf, lmax, n_layers) against the limits and the table: every

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cublas_gate;
+mod plan;
 mod report;
 mod verify;
 
@@ -26,6 +27,12 @@ enum Command {
         /// Print JSON (top-level keys `instances` and `dispatch`).
         #[arg(long)]
         json: bool,
+        /// Print instead the steps of one forward and one backward call at
+        /// a shape (`--plan --cf 64 --fused ...`; the seed by default).
+        #[arg(long)]
+        plan: bool,
+        #[command(flatten)]
+        shape: plan::PlanArgs,
     },
     /// Check the CPU reference and (with a GPU) every GPU path against vectors.
     Verify {
@@ -40,7 +47,8 @@ enum Command {
 fn main() -> ExitCode {
     let args = Cli::parse();
     let result = match args.command {
-        Some(Command::Report { json }) => report::run(json),
+        Some(Command::Report { plan: true, shape, .. }) => plan::run(&shape),
+        Some(Command::Report { json, .. }) => report::run(json),
         Some(Command::Verify { vectors }) => verify::run(vectors.as_deref()),
         Some(Command::Bench(args)) => bench::run(&args),
         None => report::run(false).and_then(|_| verify::run(None)).and_then(|_| bench::run_default()),

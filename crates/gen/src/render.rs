@@ -4,6 +4,7 @@
 use super::expand::Instance;
 use super::spec::{Kind, Specs};
 use super::vocab::{primitive, PRIMITIVES};
+use crate::args::Param;
 use crate::kinds::{Dtype, Geometry};
 use serde::Serialize;
 use std::path::Path;
@@ -21,12 +22,6 @@ pub const TEMPLATES: [&str; 2] = ["ops.cuh.tera", "instance.cu.tera"];
 
 pub struct Renderer {
     tera: tera::Tera,
-}
-
-/// The parameter's name: the last identifier of e.g. "const T* u".
-pub fn param_name(p: &str) -> Option<&str> {
-    let name = p.rsplit([' ', '*']).next()?;
-    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')).then_some(name)
 }
 
 fn tera_err(template: &str, e: tera::Error) -> RenderError {
@@ -148,7 +143,7 @@ impl Renderer {
     pub fn instance(&self, inst: &Instance) -> Result<String, RenderError> {
         let ct = inst.dtype.c_type();
         let params: Vec<String> = inst.params.iter().map(|p| p.replacen("T*", &format!("{ct}*"), 1)).collect();
-        let args: Vec<&str> = inst.params.iter().filter_map(|p| param_name(p)).collect();
+        let args: Vec<String> = inst.params.iter().filter_map(|p| Param::parse(p).map(|p| p.name)).collect();
         let mut targs = vec![ct.to_string(), inst.cf.to_string()];
         match (inst.kind, inst.geometry) {
             (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, pipe, .. }) => {

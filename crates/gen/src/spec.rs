@@ -359,7 +359,7 @@ impl Specs {
                 }
             }
             for p in &s.params {
-                if super::render::param_name(p).is_none() {
+                if crate::args::Param::parse(p).is_none() {
                     return Err(self.invalid("stages.yaml", field("params"), format!("cannot read parameter '{p}'")));
                 }
             }

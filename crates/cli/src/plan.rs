@@ -1,0 +1,63 @@
+//! `mixstack report --plan`: the steps a forward and a backward call would
+//! run at one shape, from the runtime's own planner (src/runtime/plan.rs),
+//! without a GPU: which instance launches with which arguments, which cuBLAS
+//! call, which scratch is taken and given back.
+
+use super::CliResult;
+use mixstack::kinds::Dtype;
+use mixstack::runtime::dispatch::{Dispatch, TileOverride};
+use mixstack::runtime::plan::{Machine, Planner};
+use mixstack::runtime::shape::StackShape;
+use mixstack::runtime::stack::validate_shape;
+
+/// The shape and the machine of a plan to print (defaults: the seed).
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long, default_value_t = 2)]
+    f: usize,
+    #[arg(long, default_value_t = 32)]
+    cf: usize,
+    #[arg(long, default_value_t = 3)]
+    lmax: usize,
+    #[arg(long, default_value_t = 3)]
+    layers: usize,
+    /// Edges.
+    #[arg(long, default_value_t = 1000)]
+    e: usize,
+    /// Request the fused backward (MIXSTACK_STACK_BWD_FUSED=1).
+    #[arg(long)]
+    fused: bool,
+    /// Plan as if cuBLAS were not available (it is taken where it serves).
+    #[arg(long)]
+    no_cublas: bool,
+    /// Scratch cap in bytes (default: none; chunks appear below E * scratch per edge).
+    #[arg(long)]
+    cap: Option<u64>,
+    /// Opt-in shared memory per block the plan may use (default: H100 / H200).
+    #[arg(long, default_value_t = 232_448)]
+    smem: u64,
+}
+
+pub fn run(a: &PlanArgs) -> CliResult {
+    let dtype = Dtype::parse(&a.dtype).ok_or_else(|| format!("--dtype {}: f32 or f64", a.dtype))?;
+    if a.e == 0 {
+        return Err("--e 0: a call with no edge runs no step".into());
+    }
+    let d: &'static Dispatch<'static> = Box::leak(Box::new(Dispatch::builtin().with_smem_limit(Some(a.smem))));
+    let shape = StackShape::new(a.f, a.cf, a.lmax, a.layers);
+    match dtype {
+        Dtype::F32 => validate_shape::<f32>(d, &shape)?,
+        Dtype::F64 => validate_shape::<f64>(d, &shape)?,
+    }
+    let planner = Planner { shape, dtype, dispatch: d };
+    let machine = Machine { cublas: !a.no_cublas, scratch_cap: a.cap.unwrap_or(u64::MAX) };
+    let tiles = TileOverride::new();
+    println!("# plan: {dtype} F {} Cf {} lmax {} layers {} E {}; {machine:?}", a.f, a.cf, a.lmax, a.layers, a.e);
+    print!("## forward\n{}", planner.forward(a.e, true, &tiles, &machine)?);
+    let choice = planner.backward_choice(a.fused, &tiles, machine.cublas)?;
+    println!("## backward: {} ({})", choice.decision.path, choice.decision.reason);
+    print!("{}", planner.backward(a.e, true, &choice, &machine)?);
+    Ok(())
+}
