@@ -5,7 +5,8 @@
 
 use std::path::PathBuf;
 
-use mixstack_gen::args::{stage_args, stage_params, struct_name, Param};
+use mixstack_gen::args::{stage_args, stage_params, struct_name};
+use mixstack_gen::params::Param;
 use mixstack_gen::spec;
 
 fn root() -> PathBuf {
@@ -72,11 +73,8 @@ fn generated_structs_follow_the_spec_order() {
         let head = format!("pub struct {}<P> {{", struct_name(stage));
         let at = text.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
         let body = &text[at..at + text[at..].find("\n}").unwrap()];
-        let fields: Vec<&str> = body
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("pub "))
-            .map(|l| l.split(':').next().unwrap())
-            .collect();
+        let fields: Vec<&str> =
+            body.lines().filter_map(|l| l.trim().strip_prefix("pub ")).map(|l| l.split(':').next().unwrap()).collect();
         let want: Vec<String> = params.iter().map(Param::field).collect();
         assert_eq!(fields, want, "{stage}");
         // and they are pushed in that order

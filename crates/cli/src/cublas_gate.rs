@@ -19,7 +19,7 @@ use mixstack::runtime::{BackwardOptions, GateBlas, Stack, StackShape};
 use serde::Serialize;
 use std::sync::Arc;
 
-use super::bench::Workload;
+use super::workload::Workload;
 
 #[derive(Serialize, Clone, Debug)]
 pub struct CublasGate {

@@ -5,6 +5,7 @@ mod cublas_gate;
 mod plan;
 mod report;
 mod verify;
+mod workload;
 
 /// A command's failure, printed by main.
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;

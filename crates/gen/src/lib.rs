@@ -9,6 +9,7 @@ pub mod embed;
 pub mod expand;
 pub mod layout;
 pub mod locate;
+pub mod params;
 pub mod pipeline;
 pub mod render;
 pub mod snapshot;

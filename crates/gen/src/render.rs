@@ -4,8 +4,8 @@
 use super::expand::Instance;
 use super::spec::{Kind, Specs};
 use super::vocab::{primitive, PRIMITIVES};
-use crate::args::Param;
 use crate::kinds::{Dtype, Geometry};
+use crate::params::Param;
 use serde::Serialize;
 use std::path::Path;
 

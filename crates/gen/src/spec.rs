@@ -108,7 +108,7 @@ pub enum SmemBuf {
     GzsRows,
     SigRows,
     GlogitRows,
-    /// g_logit for [`GLOG_SUB_ROWS`](super::layout::GLOG_SUB_ROWS) rows at a
+    /// g_logit for `GLOG_SUB_ROWS` (layout.rs) rows at a
     /// time (the fused backward's scalar chain, sub-block by sub-block).
     GlogitSub,
 }
@@ -359,7 +359,7 @@ impl Specs {
                 }
             }
             for p in &s.params {
-                if crate::args::Param::parse(p).is_none() {
+                if crate::params::Param::parse(p).is_none() {
                     return Err(self.invalid("stages.yaml", field("params"), format!("cannot read parameter '{p}'")));
                 }
             }
