@@ -17,7 +17,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use mixstack::runtime::dispatch::{Dispatch, Path, Reason, TileOverride, FORWARD_STAGES, FUSED_CF_LIMIT, RELAY_STAGES};
+use mixstack::runtime::dispatch::{
+    forward_stages, needs_cublas, relay_stages, Dispatch, Path, Reason, TileOverride, FUSED_CF_LIMIT,
+};
 use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::switch::FUSED_ENV;
 use mixstack::runtime::table::{Dtype, Stage};
@@ -530,8 +532,7 @@ fn relay_tiles_bitwise_equal_every_tile() {
     let mut rng = rng_for(name);
     // The optional stages (the cuBLAS gate path, Cf >= 96) have no kernels
     // here: cublas_path_tiles_bitwise_equal_every_tile covers them.
-    let stages: Vec<Stage> =
-        FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()).copied().filter(|s| !s.optional()).collect();
+    let stages: Vec<Stage> = forward_stages().into_iter().chain(relay_stages()).filter(|s| !needs_cublas(*s)).collect();
     for (cf, e) in [(32usize, 333usize), (64, 1), (32, 1), (64, 333)] {
         let lmax = rng.gen_range(1..=4usize);
         let p = Problem::random(&mut rng, Shape { f: 2, e, cf, lmax, n_layers: 3 }, true);
@@ -580,7 +581,7 @@ fn every_tile_bitwise(g: &Gpu, p: &Problem, stages: &[Stage]) {
         for (stage, list) in stages.iter().zip(&lists) {
             let k = list[i % list.len()];
             used.push(k.name);
-            if FORWARD_STAGES.contains(stage) {
+            if forward_stages().contains(stage) {
                 fwd.set(*stage, k.name)
             } else {
                 bwd.set(*stage, k.name)

@@ -71,7 +71,7 @@ fn is_gemm_stage(s: Stage) -> bool {
 fn relay_entries(dtype: Dtype, cf: u32) -> Vec<KernelEntry> {
     Stage::ALL
         .into_iter()
-        .filter(|s| *s != Stage::BwdFused && !s.optional())
+        .filter(|s| *s != Stage::BwdFused && !mixstack::runtime::dispatch::needs_cublas(*s))
         .map(|s| {
             let g = if is_gemm_stage(s) {
                 gemm(64, 64, 32, 4, 4)
@@ -690,4 +690,32 @@ fn chunk_plan_bounds_scratch() {
     let w: Vec<_> = windows(10, 4).collect();
     assert_eq!(w, vec![(0, 4), (4, 4), (8, 2)]);
     assert_eq!(windows(3, 7).collect::<Vec<_>>(), vec![(0, 3)]);
+}
+
+/// Stage roles and the regime come from specs/stages.yaml (generated into
+/// the table), and say what the pipeline needs.
+#[test]
+fn stage_roles_come_from_the_spec() {
+    use mixstack::runtime::dispatch::{forward_stages, fused_stages, is_gated_stage, needs_cublas, relay_stages};
+    assert_eq!(forward_stages(), vec![Stage::FwdM0, Stage::FwdGate, Stage::FwdGateAct, Stage::FwdM1, Stage::FwdFinal]);
+    assert_eq!(
+        relay_stages(),
+        vec![
+            Stage::BwdGradAlpha,
+            Stage::BwdFinal,
+            Stage::BwdRecompute,
+            Stage::BwdPointwise,
+            Stage::BwdGlogit,
+            Stage::BwdGemm
+        ]
+    );
+    assert_eq!(fused_stages(), vec![Stage::BwdFused]);
+    let gated: Vec<Stage> = Stage::ALL.into_iter().filter(|s| is_gated_stage(*s)).collect();
+    assert!(!gated.contains(&Stage::FwdFinal) && !gated.contains(&Stage::BwdFinal) && gated.contains(&Stage::BwdFused));
+    let cublas: Vec<Stage> = Stage::ALL.into_iter().filter(|s| needs_cublas(*s)).collect();
+    assert_eq!(cublas, vec![Stage::FwdGateAct, Stage::BwdGlogit]);
+    let specs = mixstack_gen::spec::load(&std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("specs")).unwrap();
+    assert_eq!(FUSED_CF_LIMIT, specs.stages.regime.fused_cf_below);
+    assert_eq!(table::CUBLAS_GATE_FROM_CF, specs.stages.regime.cublas_gate_from_cf);
+    assert_eq!(table::STAGE_ROLES.to_vec(), specs.roles());
 }

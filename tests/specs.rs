@@ -101,7 +101,19 @@ fn bad_values_are_named() {
         t.replacen("    cf: [32, 64]\n    tiles: fused\n", "    cf: [32, 96]\n    tiles: fused\n", 1)
     });
     let e = load_err(&dir);
-    assert!(e.contains("Cf < 96"), "{e}");
+    assert!(e.contains("Cf 96") && e.contains("regime.fused_cf_below = 96"), "{e}");
+    // ... by the regime the spec states, not a number in Rust
+    let dir = specs_with("stages.yaml", |t| t.replacen("fused_cf_below: 96", "fused_cf_below: 64", 1));
+    let e = load_err(&dir);
+    assert!(e.contains("Cf 64") && e.contains("fused_cf_below = 64"), "{e}");
+    // a stage that finishes cuBLAS's gate GEMMs serves from cublas_gate_from_cf on
+    let dir = specs_with("stages.yaml", |t| t.replacen("cublas_gate_from_cf: 96", "cublas_gate_from_cf: 128", 1));
+    let e = load_err(&dir);
+    assert!(e.contains("Cf 96") && e.contains("cublas_gate_from_cf = 128"), "{e}");
+    // roles are spelled from a closed set
+    let dir = specs_with("stages.yaml", |t| t.replacen("    pass: forward\n", "    pass: sideways\n", 1));
+    let e = load_err(&dir);
+    assert!(e.contains("stages.yaml") && e.contains("sideways"), "{e}");
 }
 
 /// `file:line:column: ` of an error, as numbers.

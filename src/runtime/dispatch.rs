@@ -21,40 +21,46 @@ use std::fmt;
 
 use super::error::{MixError, ShapeParam};
 use super::launch::dynamic_smem;
-use super::table::{self, DispatchEntry, Dtype, Geometry, KernelEntry, Pipe, Stage};
+use super::table::{
+    self, DispatchEntry, Dtype, Geometry, KernelEntry, Layers, Pass, Pipe, Serves, Stage, StageRole, Variant,
+};
 
-/// The fused backward supports Cf below this only (the per-group Cf x Cf
-/// register dot spills from here on, docs/MIXING_STACK.md).
-pub const FUSED_CF_LIMIT: u32 = 96;
+/// The fused backward supports Cf below this only (stages.yaml
+/// `regime.fused_cf_below`: the per-group Cf x Cf register dot spills from
+/// there on, docs/MIXING_STACK.md).
+pub const FUSED_CF_LIMIT: u32 = table::FUSED_CF_BELOW;
 
-/// Stages of the forward pass, in launch order.
-pub const FORWARD_STAGES: [Stage; 5] = [Stage::FwdM0, Stage::FwdGate, Stage::FwdGateAct, Stage::FwdM1, Stage::FwdFinal];
+fn stages_where(keep: impl Fn(&StageRole) -> bool) -> Vec<Stage> {
+    table::STAGE_ROLES.iter().filter(|r| keep(r)).map(|r| r.stage).collect()
+}
+
+/// Stages of the forward pass, in spec order.
+pub fn forward_stages() -> Vec<Stage> {
+    stages_where(|r| r.pass == Pass::Forward)
+}
 /// Stages of the relay backward.
-pub const RELAY_STAGES: [Stage; 6] =
-    [Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGlogit, Stage::BwdGemm];
-/// The fused backward's stage, one launch per gated layer (it also uses
-/// bwd_grad_alpha and bwd_final).
-pub const FUSED_STAGES: [Stage; 1] = [Stage::BwdFused];
+pub fn relay_stages() -> Vec<Stage> {
+    stages_where(|r| r.pass == Pass::Backward && r.variant == Variant::Relay)
+}
+/// The fused backward's stages (it also uses bwd_grad_alpha and bwd_final).
+pub fn fused_stages() -> Vec<Stage> {
+    stages_where(|r| r.variant == Variant::Fused)
+}
 
 /// True for the stages only the fused path launches.
 pub fn is_fused_stage(stage: Stage) -> bool {
-    matches!(stage, Stage::BwdFused)
+    table::role(stage).is_some_and(|r| r.variant == Variant::Fused)
 }
 
 /// Stages that only run for gated layers (not needed when n_layers == 1).
 pub fn is_gated_stage(stage: Stage) -> bool {
-    matches!(
-        stage,
-        Stage::FwdM0
-            | Stage::FwdGate
-            | Stage::FwdGateAct
-            | Stage::FwdM1
-            | Stage::BwdRecompute
-            | Stage::BwdPointwise
-            | Stage::BwdGlogit
-            | Stage::BwdGemm
-            | Stage::BwdFused
-    )
+    table::role(stage).is_some_and(|r| r.layers == Layers::Gated)
+}
+
+/// Stages a stack may run without: they finish the gate GEMMs cuBLAS runs;
+/// without cuBLAS the relay runs the generated gate stages instead.
+pub fn needs_cublas(stage: Stage) -> bool {
+    table::role(stage).is_some_and(|r| r.serves == Serves::CublasGate)
 }
 
 /// Per-stage choice of a kernel by canonical name (tests sweep every accepted
@@ -370,7 +376,7 @@ impl<'t> Dispatch<'t> {
         lmax: u32,
         tiles: &TileOverride,
     ) -> Result<(), MixError> {
-        if let Some((stage, name)) = tiles.iter().find(|(s, _)| !FORWARD_STAGES.contains(s)) {
+        if let Some((stage, name)) = tiles.iter().find(|(s, _)| !forward_stages().contains(s)) {
             return Err(MixError::BadOverride {
                 stage,
                 dtype,
@@ -439,7 +445,7 @@ impl<'t> Dispatch<'t> {
         if cf >= FUSED_CF_LIMIT {
             return relay(Reason::CfTooLarge { cf, limit: FUSED_CF_LIMIT });
         }
-        for stage in FUSED_STAGES {
+        for stage in fused_stages() {
             let none = match lmax {
                 Some(l) => self.candidates_at(stage, dtype, cf, l).is_empty(),
                 None => self.candidates(stage, dtype, cf).is_empty(),

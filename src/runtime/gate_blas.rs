@@ -47,7 +47,8 @@ use super::shape::StackShape;
 use super::table::Dtype;
 
 /// The smallest Cf whose gate contractions run as cuBLAS GEMMs.
-pub const GATE_BLAS_MIN_CF: usize = 96;
+/// stages.yaml `regime.cublas_gate_from_cf`.
+pub const GATE_BLAS_MIN_CF: usize = super::table::CUBLAS_GATE_FROM_CF as usize;
 
 /// Where a stack's gate contractions run, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]

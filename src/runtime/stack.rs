@@ -11,7 +11,9 @@ use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::chunk::{Chunking, ScratchCap};
-use super::dispatch::{is_gated_stage, Dispatch, PathDecision, TileOverride, FORWARD_STAGES, RELAY_STAGES};
+use super::dispatch::{
+    forward_stages, is_gated_stage, needs_cublas, relay_stages, Dispatch, PathDecision, TileOverride,
+};
 use super::element::Element;
 use super::error::{DriverContext, MixError, ShapeParam};
 use super::fault::Fault;
@@ -788,11 +790,11 @@ pub fn validate_shape<T: Element>(dispatch: &Dispatch<'_>, shape: &StackShape) -
     dispatch.check_lmax(lmax)?;
     let cf = u32::try_from(shape.cf).unwrap_or(u32::MAX);
     let none = TileOverride::new();
-    for stage in FORWARD_STAGES.iter().chain(RELAY_STAGES.iter()) {
-        if (shape.gated() == 0 && is_gated_stage(*stage)) || stage.optional() {
+    for stage in forward_stages().into_iter().chain(relay_stages()) {
+        if (shape.gated() == 0 && is_gated_stage(stage)) || needs_cublas(stage) {
             continue;
         }
-        dispatch.select(*stage, T::DTYPE, cf, lmax, &none)?;
+        dispatch.select(stage, T::DTYPE, cf, lmax, &none)?;
     }
     Ok(())
 }

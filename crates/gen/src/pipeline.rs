@@ -120,6 +120,8 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     std::fs::write(&table, embed::kernel_table(&built, &dispatch, lmax, source, &manifest_path)).map_err(io(&table))?;
     let args = opts.out_dir.join("stage_args.rs");
     std::fs::write(&args, crate::args::stage_args(&specs)).map_err(io(&args))?;
+    let roles = opts.out_dir.join("stage_roles.rs");
+    std::fs::write(&roles, embed::stage_roles(&specs)).map_err(io(&roles))?;
 
     if opts.bless {
         bless(opts, &rendered, &built, &json, &fingerprint)?;

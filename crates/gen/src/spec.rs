@@ -4,7 +4,7 @@
 //! and the field. Every number is bounded here, so the arithmetic of
 //! expansion and layout cannot overflow (and checks that it does not).
 
-use crate::kinds::{Dtype, Stage, Variant};
+use crate::kinds::{Dtype, Layers, Pass, Serves, Stage, StageRole, Variant};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -81,7 +81,18 @@ pub struct StepSpec {
 pub struct StagesSpec {
     pub arch: String,
     pub lmax: LmaxRange,
+    pub regime: Regime,
     pub stages: Vec<StageSpec>,
+}
+
+/// Where each path serves (stages.yaml `regime`).
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Regime {
+    /// The fused backward serves Cf below this.
+    pub fused_cf_below: u32,
+    /// The gate GEMMs run on cuBLAS from this Cf.
+    pub cublas_gate_from_cf: u32,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]
@@ -118,6 +129,9 @@ pub enum SmemBuf {
 pub struct StageSpec {
     pub name: Stage,
     pub variant: Variant,
+    pub pass: Pass,
+    pub layers: Layers,
+    pub serves: Serves,
     pub kind: Kind,
     pub body: String,
     #[serde(default)]
@@ -316,6 +330,17 @@ impl Specs {
                 format!("need 1 <= min <= max <= {}", bounds::LMAX),
             ));
         }
+        for (name, v) in
+            [("fused_cf_below", st.regime.fused_cf_below), ("cublas_gate_from_cf", st.regime.cublas_gate_from_cf)]
+        {
+            if v == 0 || v > bounds::CF + 1 {
+                return Err(self.invalid(
+                    "stages.yaml",
+                    format!("regime.{name}"),
+                    format!("{v}: must be positive and at most {}", bounds::CF + 1),
+                ));
+            }
+        }
         let mut seen = Vec::new();
         for (i, s) in st.stages.iter().enumerate() {
             let field = |f: &str| format!("stages[{i}] ({}).{f}", s.name);
@@ -354,8 +379,30 @@ impl Specs {
                 if s.dtypes.iter().any(|&d| d != Dtype::F32) {
                     return Err(self.invalid("stages.yaml", field("dtypes"), "the fused backward is f32 only"));
                 }
-                if s.cf.iter().any(|&c| c >= 96) {
-                    return Err(self.invalid("stages.yaml", field("cf"), "the fused backward supports Cf < 96 only"));
+                let below = self.stages.regime.fused_cf_below;
+                if let Some(c) = s.cf.iter().find(|&&c| c >= below) {
+                    return Err(self.invalid(
+                        "stages.yaml",
+                        field("cf"),
+                        format!("Cf {c}: the fused backward serves Cf below regime.fused_cf_below = {below}"),
+                    ));
+                }
+                if (s.pass, s.layers) != (Pass::Backward, Layers::Gated) {
+                    return Err(self.invalid(
+                        "stages.yaml",
+                        field("pass"),
+                        "a fused stage is a backward gated-layer stage",
+                    ));
+                }
+            }
+            if s.serves == Serves::CublasGate {
+                let from = self.stages.regime.cublas_gate_from_cf;
+                if let Some(c) = s.cf.iter().find(|&&c| c < from) {
+                    return Err(self.invalid(
+                        "stages.yaml",
+                        field("cf"),
+                        format!("Cf {c}: a cublas_gate stage serves from regime.cublas_gate_from_cf = {from}"),
+                    ));
                 }
             }
             for p in &s.params {
@@ -365,6 +412,18 @@ impl Specs {
             }
         }
         Ok(())
+    }
+
+    /// Every stage's role, in spec order.
+    pub fn roles(&self) -> Vec<StageRole> {
+        let r = |s: &StageSpec| StageRole {
+            stage: s.name,
+            variant: s.variant,
+            pass: s.pass,
+            layers: s.layers,
+            serves: s.serves,
+        };
+        self.stages.stages.iter().map(r).collect()
     }
 
     /// `name` within `1..=max`, or an error at `field`.

@@ -58,18 +58,52 @@ impl Stage {
     pub fn parse(s: &str) -> Option<Stage> {
         Stage::ALL.into_iter().find(|st| st.as_str() == s)
     }
-    /// Stages a stack may run without: the halves of the gate layers around
-    /// cuBLAS GEMMs (Cf >= 96, src/runtime/gate_blas.rs); without cuBLAS the
-    /// relay runs fwd_gate, bwd_recompute and bwd_pointwise.
-    pub fn optional(self) -> bool {
-        matches!(self, Stage::FwdGateAct | Stage::BwdGlogit)
-    }
 }
 
 impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The pass a stage belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+/// The layers a stage is launched for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layers {
+    /// Gated layers only: not needed when n_layers == 1.
+    Gated,
+    /// Every call (the identity layer, grad_alpha).
+    All,
+}
+
+/// Where a stage serves, as to the gate GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Serves {
+    Always,
+    /// Only where cuBLAS runs the gate GEMMs (it finishes their work); a
+    /// stack without cuBLAS runs without it.
+    CublasGate,
+    /// Where the generated kernels run the gate GEMMs.
+    GeneratedGate,
+}
+
+/// A stage's role, from specs/stages.yaml (generated into the kernel table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageRole {
+    pub stage: Stage,
+    pub variant: Variant,
+    pub pass: Pass,
+    pub layers: Layers,
+    pub serves: Serves,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
