@@ -2,6 +2,7 @@
 //! compile -> check -> embed (and the committed snapshot). The root
 //! build.rs runs [`pipeline::run`]; tests and `mixstack report` use the rest.
 
+pub mod buildlog;
 pub mod check;
 pub mod compile;
 pub mod embed;
