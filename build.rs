@@ -31,17 +31,12 @@ fn main() {
         bless: std::env::var("MIXSTACK_BLESS").map(|v| v == "1").unwrap_or(false),
     };
     match codegen::pipeline::run(&opts) {
+        // One summary line, plus what the committed snapshot does not
+        // already say (mixstack_gen::buildlog).
         Ok(outcome) => {
             for line in &outcome.log {
                 build_print::info!("{line}");
             }
-            let accepted = outcome.manifest.instances.iter().filter(|i| i.accepted).count();
-            build_print::info!(
-                "mixstack: {} instances ({} accepted) from {}",
-                outcome.manifest.instances.len(),
-                accepted,
-                outcome.source
-            );
         }
         Err(e) => {
             build_print::error!("mixstack kernel generation failed: {e}");

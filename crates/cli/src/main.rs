@@ -23,9 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Every kernel instance with ptxas's numbers, and the dispatch table.
+    /// Every kernel instance with ptxas's numbers, the rejected ones, and the dispatch table.
     Report {
-        /// Print JSON (top-level keys `instances` and `dispatch`).
+        /// Print JSON (top-level keys `instances`, `rejected` and `dispatch`).
         #[arg(long)]
         json: bool,
         /// Print instead the steps of one forward and one backward call at

@@ -1,10 +1,12 @@
 //! `mixstack report`: the build manifest (ptxas numbers per instance, the
-//! dispatch table per key) and the backward path per (dtype, Cf).
+//! rejected instances with their spills, the dispatch table per key) and the
+//! backward path per (dtype, Cf).
 
 use super::CliResult;
 use mixstack::kinds::Dtype;
 use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE};
 use mixstack::runtime::Dispatch;
+use mixstack_gen::buildlog;
 use mixstack_gen::embed::{DispatchRow, Manifest, ManifestInstance};
 use serde::Serialize;
 
@@ -23,10 +25,35 @@ struct DispatchJson<'a> {
     backward: Vec<BackwardRow>,
 }
 
+/// An instance rejected because ptxas reports spills (the build counts these).
+#[derive(Serialize, Debug, PartialEq)]
+struct RejectedRow {
+    name: String,
+    spill_stores: u32,
+    spill_loads: u32,
+    registers: u32,
+    stack_bytes: u32,
+}
+
 #[derive(Serialize)]
 struct ReportJson<'a> {
     instances: &'a [ManifestInstance],
+    rejected: Vec<RejectedRow>,
     dispatch: DispatchJson<'a>,
+}
+
+fn rejected_rows(m: &Manifest) -> Vec<RejectedRow> {
+    m.instances
+        .iter()
+        .filter(|i| !i.accepted)
+        .map(|i| RejectedRow {
+            name: i.name.clone(),
+            spill_stores: i.spill_stores,
+            spill_loads: i.spill_loads,
+            registers: i.registers,
+            stack_bytes: i.stack_bytes,
+        })
+        .collect()
 }
 
 fn backward_rows(m: &Manifest) -> Vec<BackwardRow> {
@@ -57,7 +84,11 @@ pub fn run(json: bool) -> CliResult {
     let m: Manifest = serde_json::from_str(BUILD_MANIFEST_JSON)?;
     let backward = backward_rows(&m);
     if json {
-        let r = ReportJson { instances: &m.instances, dispatch: DispatchJson { kernels: &m.dispatch, backward } };
+        let r = ReportJson {
+            instances: &m.instances,
+            rejected: rejected_rows(&m),
+            dispatch: DispatchJson { kernels: &m.dispatch, backward },
+        };
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
@@ -94,6 +125,11 @@ pub fn run(json: bool) -> CliResult {
     for p in &m.pruned {
         println!("pruned {}: {}", p.name, p.reason);
     }
+    let rejected: Vec<&ManifestInstance> = m.instances.iter().filter(|i| !i.accepted).collect();
+    println!("\n# rejected: {} instances spill (ptxas): no code embedded, never dispatched", rejected.len());
+    for i in rejected {
+        println!("{:<52} {}", i.name, buildlog::spills(i));
+    }
     println!("\n# dispatch per (stage, dtype, cf): instance [lmax range]");
     let mut i = 0;
     while i < m.dispatch.len() {
@@ -122,4 +158,23 @@ pub fn run(json: bool) -> CliResult {
         println!("{:<4} cf {:>3}: {} / {} ({})", b.dtype.as_str(), b.cf, b.switch_off, b.switch_on, b.reason_on);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejected_rows_are_the_spilling_instances_with_their_numbers() {
+        let mut m: Manifest = serde_json::from_str(BUILD_MANIFEST_JSON).unwrap();
+        let rows = rejected_rows(&m);
+        assert_eq!(rows.len(), m.instances.iter().filter(|i| !i.accepted).count());
+        // One accepted instance made to spill shows up, numbers and all.
+        let i = m.instances.iter_mut().find(|i| i.accepted).unwrap();
+        (i.accepted, i.spill_stores, i.spill_loads, i.registers, i.stack_bytes) = (false, 20, 16, 255, 24);
+        let name = i.name.clone();
+        let rows = rejected_rows(&m);
+        let row = rows.iter().find(|r| r.name == name).expect("listed");
+        assert_eq!(*row, RejectedRow { name, spill_stores: 20, spill_loads: 16, registers: 255, stack_bytes: 24 });
+    }
 }

@@ -3,6 +3,7 @@
 //! build.rs runs [`pipeline::run`]; tests and `mixstack report` use the rest.
 
 pub mod args;
+pub mod buildlog;
 pub mod check;
 pub mod compile;
 pub mod embed;

@@ -1,6 +1,8 @@
 //! The generator run by build.rs: each stage a small function returning
-//! Result. Log lines come back to the caller (build.rs prints them).
+//! Result. Log lines come back to the caller (build.rs prints them; see
+//! buildlog.rs for what they say).
 
+use super::buildlog::{self, Origin};
 use super::check::{parse_report, ReportError, Resources};
 use super::compile::{compile, CompileError, Toolchain, INSTALL_HINT};
 use super::embed::{self, Built, Manifest, NoInstance};
@@ -66,9 +68,6 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     if opts.only.is_none() {
         check_defaults(&specs, &exp)?;
     }
-    for p in &exp.pruned {
-        log.push(format!("pruned {}: {}", p.name, p.reason));
-    }
 
     // render
     let cuda = opts.out_dir.join("cuda");
@@ -86,29 +85,18 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
 
     // compile + check, or the snapshot
     let fingerprint = snapshot::fingerprint(&opts.crate_dir).map_err(io(&opts.crate_dir))?;
+    let committed = buildlog::committed(&opts.crate_dir);
     let arch = specs.stages.arch.clone();
-    let (mut built, source) = match Toolchain::find(&opts.crate_dir).map_err(PipelineError::Snapshot)? {
+    let (mut built, origin) = match Toolchain::find(&opts.crate_dir).map_err(PipelineError::Snapshot)? {
         Some(tc) => {
-            log.push(format!(
-                "compiling {} instances with {} ({})",
-                exp.instances.len(),
-                tc.root.display(),
-                tc.version
-            ));
-            (compile_all(&tc, &arch, &exp, &cuda, &rendered, &opts.cache_dir, &mut log)?, "toolchain")
+            let (built, cached) = compile_all(&tc, &arch, &exp, &cuda, &rendered, &opts.cache_dir)?;
+            let compiled = built.len() - cached;
+            (built, Origin::Toolchain { version: tc.version, compiled, cached })
         }
-        None => (from_snapshot(opts, &exp, &fingerprint, &mut log)?, "snapshot"),
+        None => (from_snapshot(opts, &exp, &fingerprint)?, Origin::Snapshot { fingerprint: fingerprint.clone() }),
     };
+    let source = origin.source();
 
-    for b in &built {
-        if !b.accepted {
-            let r = &b.resources;
-            log.push(format!(
-                "rejected {}: spills ({} B stores, {} B loads, {} registers, {} B stack)",
-                b.instance.name, r.spill_stores, r.spill_loads, r.registers, r.stack_bytes
-            ));
-        }
-    }
     let lmax = (specs.stages.lmax.min, specs.stages.lmax.max);
     let dispatch = embed::resolve_dispatch(&mut built, lmax)?;
     let rows = dispatch.iter().map(|(r, _)| r.clone()).collect();
@@ -127,6 +115,7 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
         bless(opts, &rendered, &built, &json, &fingerprint)?;
         log.push(format!("blessed {}/ (fingerprint {})", snapshot::DIR, &fingerprint[..12]));
     }
+    log.extend(buildlog::lines(&manifest, committed.as_ref(), &origin, opts.bless));
     Ok(Outcome { log, source, manifest })
 }
 
@@ -161,8 +150,7 @@ fn compile_all(
     cuda: &Path,
     rendered: &[(String, String)],
     cache: &Path,
-    log: &mut Vec<String>,
-) -> Result<Vec<Built>, PipelineError> {
+) -> Result<(Vec<Built>, usize), PipelineError> {
     std::fs::create_dir_all(cache).map_err(io(cache))?;
     // Shared headers are part of every instance's cache key.
     let mut common = rendered[0].1.clone().into_bytes();
@@ -212,16 +200,10 @@ fn compile_all(
             cubin: Some(c.cubin),
         });
     }
-    log.push(format!("{} instances compiled, {} from cache", exp.instances.len() - cached, cached));
-    Ok(built)
+    Ok((built, cached))
 }
 
-fn from_snapshot(
-    opts: &Options,
-    exp: &Expansion,
-    fingerprint: &str,
-    log: &mut Vec<String>,
-) -> Result<Vec<Built>, PipelineError> {
+fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str) -> Result<Vec<Built>, PipelineError> {
     let dir = opts.crate_dir.join(snapshot::DIR);
     let committed = snapshot::committed_fingerprint(&opts.crate_dir);
     if committed.as_deref() != Some(fingerprint) {
@@ -266,11 +248,6 @@ fn from_snapshot(
             cubin: None,
         });
     }
-    log.push(format!(
-        "no CUDA toolchain: built from the committed snapshot {}/ (fingerprint {} matches); kernels embed PTX only, JIT-compiled by the driver",
-        snapshot::DIR,
-        &fingerprint[..12]
-    ));
     Ok(built)
 }
 

@@ -1,0 +1,122 @@
+//! What a successful build prints (build.rs prints these lines; a failure
+//! prints its error): one summary line, then a line for each rejection or
+//! pruning the committed snapshot (generated-tests/report.json) does not
+//! already have, so a tile just added that spills is named while the known
+//! rejections are only counted, and a line when that snapshot is stale.
+
+use super::embed::{Manifest, ManifestInstance};
+use super::snapshot;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Where this build's kernels came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Compiled with the toolchain (`version`: nvcc's release line);
+    /// `cached` instances came from the compile cache.
+    Toolchain { version: String, compiled: usize, cached: usize },
+    /// The committed snapshot, whose fingerprint matches the tree.
+    Snapshot { fingerprint: String },
+}
+
+impl Origin {
+    /// "toolchain" or "snapshot" (`BUILD_SOURCE`).
+    pub fn source(&self) -> &'static str {
+        match self {
+            Origin::Toolchain { .. } => "toolchain",
+            Origin::Snapshot { .. } => "snapshot",
+        }
+    }
+}
+
+/// The committed snapshot's manifest, read before a bless overwrites it;
+/// `None` when it is missing or unreadable (every rejection is then named).
+pub fn committed(crate_dir: &Path) -> Option<Manifest> {
+    let p = crate_dir.join(snapshot::DIR).join(snapshot::MANIFEST_FILE);
+    serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
+}
+
+/// ptxas's numbers for a rejected instance, as the build and `mixstack report` print them.
+pub fn spills(i: &ManifestInstance) -> String {
+    format!(
+        "spills {} B stores, {} B loads ({} registers, {} B stack)",
+        i.spill_stores, i.spill_loads, i.registers, i.stack_bytes
+    )
+}
+
+/// The build's lines: the summary first, then each rejected instance the
+/// snapshot does not reject (absent there, or accepted there) with its
+/// spills, each pruned instance the snapshot did not prune, and, unless this
+/// build blesses it, whether the snapshot is stale (`cargo test` says so too).
+pub fn lines(now: &Manifest, committed: Option<&Manifest>, origin: &Origin, blessing: bool) -> Vec<String> {
+    let rejected_before: BTreeSet<&str> = committed
+        .map(|m| m.instances.iter().filter(|i| !i.accepted).map(|i| i.name.as_str()).collect())
+        .unwrap_or_default();
+    let accepted_before: BTreeSet<&str> = committed
+        .map(|m| m.instances.iter().filter(|i| i.accepted).map(|i| i.name.as_str()).collect())
+        .unwrap_or_default();
+    let pruned_before: BTreeSet<&str> =
+        committed.map(|m| m.pruned.iter().map(|p| p.name.as_str()).collect()).unwrap_or_default();
+
+    let rejected: Vec<&ManifestInstance> = now.instances.iter().filter(|i| !i.accepted).collect();
+    let new: Vec<&ManifestInstance> =
+        rejected.iter().copied().filter(|i| !rejected_before.contains(i.name.as_str())).collect();
+    let known = rejected.len() - new.len();
+    let new_pruned: Vec<_> = now.pruned.iter().filter(|p| !pruned_before.contains(p.name.as_str())).collect();
+    let known_pruned = now.pruned.len() - new_pruned.len();
+
+    let report = "`mixstack report` lists them";
+    let rejections = match (known, new.len()) {
+        (0, 0) => "0 rejected".to_string(),
+        (k, 0) => format!("{k} rejected for spills, as in the snapshot ({report})"),
+        (0, n) if committed.is_none() => format!(
+            "{n} rejected for spills, named below (no readable {}/{} to compare with)",
+            snapshot::DIR,
+            snapshot::MANIFEST_FILE
+        ),
+        (0, n) => format!("{n} rejected for spills, new since the snapshot, named below"),
+        (k, n) => format!(
+            "{} rejected for spills: {k} as in the snapshot ({report}), {n} new since the snapshot, named below",
+            k + n
+        ),
+    };
+    let pruned = match (known_pruned, new_pruned.len()) {
+        (0, 0) => String::new(),
+        (k, 0) => format!(", {k} pruned as in the snapshot"),
+        (k, n) => format!(", {} pruned ({n} new, named below)", k + n),
+    };
+    let from = match origin {
+        Origin::Toolchain { version, compiled, cached } => format!(
+            "from the toolchain ({}): {compiled} compiled, {cached} from cache",
+            version.trim_start_matches("Cuda compilation tools, ")
+        ),
+        Origin::Snapshot { fingerprint } => format!(
+            "from the snapshot: no CUDA toolchain, so built from the committed {}/ (fingerprint {} matches); kernels embed PTX only, JIT-compiled by the driver",
+            snapshot::DIR,
+            fingerprint.get(..12).unwrap_or(fingerprint)
+        ),
+    };
+    let mut out = vec![format!(
+        "mixstack: {} instances, {} accepted, {rejections}{pruned}; {from}",
+        now.instances.len(),
+        now.instances.len() - rejected.len()
+    )];
+    for i in new {
+        let was =
+            if accepted_before.contains(i.name.as_str()) { "accepted in the snapshot" } else { "not in the snapshot" };
+        out.push(format!("rejected {} ({was}): {}", i.name, spills(i)));
+    }
+    for p in new_pruned {
+        out.push(format!("pruned {}: {}", p.name, p.reason));
+    }
+    if let Some(c) = committed.filter(|c| !blessing && c.fingerprint != now.fingerprint) {
+        out.push(format!(
+            "the snapshot {}/ is stale (fingerprint {}, this tree {}): `cargo test` fails until `MIXSTACK_BLESS=1 cargo build --release` and a commit of {}/",
+            snapshot::DIR,
+            c.fingerprint.get(..12).unwrap_or(&c.fingerprint),
+            now.fingerprint.get(..12).unwrap_or(&now.fingerprint),
+            snapshot::DIR
+        ));
+    }
+    out
+}
