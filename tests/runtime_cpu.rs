@@ -9,7 +9,7 @@ use mixstack::runtime::launch::launch_config;
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
 use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
-use mixstack::runtime::table::{self, DispatchEntry, Dtype, Geometry, KernelEntry, Stage, Variant};
+use mixstack::runtime::table::{self, Dtype, Geometry, KernelEntry, Stage, Variant};
 
 // ----------------------------------------------------------------------
 // hand-built tables
@@ -55,7 +55,7 @@ fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool
         stack_bytes: 0,
         smem_static: 0,
         accepted,
-        is_default,
+        spec_default: is_default,
         ptx: "",
         ptx_file: "",
         cubin: None,
@@ -265,7 +265,7 @@ fn select_prefers_default_among_accepted() {
     let t = full_table();
     let none = TileOverride::new();
     let e = select_kernel(&t, Stage::BwdFused, Dtype::F32, 32, 3, &none).unwrap();
-    assert!(e.is_default && e.accepted);
+    assert!(e.spec_default && e.accepted);
     assert_eq!(e.name, "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps");
 }
 
@@ -338,7 +338,7 @@ fn override_by_name() {
         assert_eq!(got.name, want.name);
         // Other stages keep the default dispatch.
         let gemm = d.select(Stage::BwdGemm, Dtype::F32, 64, 2, &tiles).unwrap();
-        assert!(gemm.is_default);
+        assert!(gemm.spec_default);
         d.validate_override(Dtype::F32, 64, 2, &tiles).unwrap();
     }
 }
@@ -411,25 +411,24 @@ fn report_lists_every_key() {
 }
 
 #[test]
-fn dispatch_rows_are_honoured() {
-    let t = full_table();
-    let idx = |name: &str| t.iter().position(|e| e.name == name).unwrap();
-    let small = idx("ms_bwd_fused_f32_cf32_m64_n32_k32_t4x4_s2_b1_ps");
-    let spilling = idx("ms_bwd_fused_f32_cf32_m128_n64_k32_t8x8_s2_b1_ps");
-    let rows = vec![
-        DispatchEntry { stage: Stage::BwdFused, dtype: Dtype::F32, cf: 32, lmax: 5, kernel: small },
-        // A row naming a non-candidate is ignored (the rules apply).
-        DispatchEntry { stage: Stage::BwdFused, dtype: Dtype::F32, cf: 32, lmax: 6, kernel: spilling },
-        // So is a row with an index out of range.
-        DispatchEntry { stage: Stage::BwdFused, dtype: Dtype::F32, cf: 32, lmax: 4, kernel: 10_000 },
-    ];
-    let d = Dispatch::new(&t).with_rows(&rows);
+fn tile_precedence_is_one_rule() {
+    use mixstack::kinds::preferred;
+    // the default among the usable, wherever it stands; else the first usable
+    assert_eq!(preferred([1, 2, 3], |c| c == 2), Some(2));
+    assert_eq!(preferred([1, 2, 3], |c| c == 9), Some(1));
+    assert_eq!(preferred(std::iter::empty::<u32>(), |_| true), None);
+    // the runtime applies it to its candidates: a default that does not fit
+    // the shared memory at this lmax gives way to the first that does
+    let mut t = relay_entries(Dtype::F32, 32);
+    let mut big = entry(Stage::BwdFused, Dtype::F32, 32, stream(128, 64, 32, 8, 8), true, true);
+    big.smem_fixed = 200_000;
+    let small = entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 32, 32, 4, 4), true, false);
+    let (big_name, small_name) = (big.name, small.name);
+    t.extend([big, small]);
     let none = TileOverride::new();
-    let pick = |lmax| d.select(Stage::BwdFused, Dtype::F32, 32, lmax, &none).unwrap().name;
-    assert_eq!(pick(5), "ms_bwd_fused_f32_cf32_m64_n32_k32_t4x4_s2_b1_ps");
-    assert_eq!(pick(6), "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps"); // is_default
-    assert_eq!(pick(4), "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps");
-    assert_eq!(pick(3), "ms_bwd_fused_f32_cf32_m128_n32_k32_t8x4_s2_b1_ps"); // no row
+    let pick = |limit| Dispatch::new(&t).with_smem_limit(Some(limit)).select(Stage::BwdFused, Dtype::F32, 32, 3, &none);
+    assert_eq!(pick(250_000).unwrap().name, big_name);
+    assert_eq!(pick(100_000).unwrap().name, small_name);
 }
 
 #[test]
@@ -478,15 +477,22 @@ fn smem_limit_filters_per_lmax() {
 }
 
 #[test]
-fn builtin_rows_match_select() {
-    // Dispatch over the build's table picks exactly the build's rows.
-    let d = Dispatch::builtin();
+fn builtin_choice_is_the_builds_dispatch_table() {
+    // The runtime's rule over the build's table, at the arch's limit, picks
+    // exactly the rows the build wrote into its manifest (one rule).
+    let m: mixstack_gen::embed::Manifest = serde_json::from_str(table::BUILD_MANIFEST_JSON).unwrap();
+    assert!(!m.dispatch.is_empty());
+    let d = Dispatch::builtin().with_smem_limit(Some(table::ARCH_MAX_SMEM));
     let none = TileOverride::new();
-    for r in table::DISPATCH {
-        let want = &table::KERNELS[r.kernel];
+    for r in &m.dispatch {
         let got = d.select(r.stage, r.dtype, r.cf, r.lmax, &none).unwrap();
-        assert_eq!(got.name, want.name, "{r:?}");
+        assert_eq!(got.name, r.instance, "{} {} cf {} lmax {}", r.stage, r.dtype, r.cf, r.lmax);
         assert!(got.accepted);
+    }
+    // and without a limit set, the arch's applies
+    let d = Dispatch::builtin();
+    for r in &m.dispatch {
+        assert_eq!(d.default_for(r.stage, r.dtype, r.cf, r.lmax).unwrap().name, r.instance);
     }
 }
 

@@ -26,8 +26,9 @@ pub struct KernelEntry {
     pub smem_static: u32,
     /// False if ptxas reported spills: the build keeps it out of dispatch.
     pub accepted: bool,
-    /// Chosen by the build's dispatch table (`DISPATCH`) for at least one key.
-    pub is_default: bool,
+    /// Named by tiles.yaml's `defaults` for its key (the tile precedence
+    /// rule, `kinds::preferred`, prefers it where usable).
+    pub spec_default: bool,
     /// Embedded PTX: only where there is no cubin (snapshot builds).
     pub ptx: &'static str,
     /// Where the build left this instance's PTX (for the snapshot test).
@@ -49,17 +50,6 @@ impl KernelEntry {
             Geometry::Rows { .. } => None,
         }
     }
-}
-
-/// The build's dispatch choice for one (stage, dtype, cf, lmax) key.
-#[derive(Debug, Clone, Copy)]
-pub struct DispatchEntry {
-    pub stage: Stage,
-    pub dtype: Dtype,
-    pub cf: u32,
-    pub lmax: u32,
-    /// Index into `KERNELS`.
-    pub kernel: usize,
 }
 
 include!(concat!(env!("OUT_DIR"), "/kernel_table.rs"));

@@ -105,7 +105,7 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
     std::fs::write(&manifest_path, &json).map_err(io(&manifest_path))?;
     let table = opts.out_dir.join("kernel_table.rs");
-    std::fs::write(&table, embed::kernel_table(&built, &dispatch, lmax, source, &manifest_path)).map_err(io(&table))?;
+    std::fs::write(&table, embed::kernel_table(&built, lmax, source, &manifest_path)).map_err(io(&table))?;
     let args = opts.out_dir.join("stage_args.rs");
     std::fs::write(&args, crate::args::stage_args(&specs)).map_err(io(&args))?;
     let roles = opts.out_dir.join("stage_roles.rs");

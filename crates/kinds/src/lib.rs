@@ -250,3 +250,17 @@ pub fn canonical_name(stage: Stage, dtype: Dtype, cf: u32, geometry: &Geometry) 
 pub fn name_with_tag(stage: Stage, dtype: Dtype, cf: u32, tag: &str) -> String {
     format!("ms_{}_{}_cf{}_{}", stage.as_str(), dtype.as_str(), cf, tag)
 }
+
+/// Tile precedence, the one rule of both the build's dispatch table and the
+/// runtime's choice: among a key's usable instances, in spec order, the one
+/// tiles.yaml names as the key's default, else the first.
+pub fn preferred<T: Copy>(usable: impl IntoIterator<Item = T>, is_default: impl Fn(T) -> bool) -> Option<T> {
+    let mut first = None;
+    for c in usable {
+        if is_default(c) {
+            return Some(c);
+        }
+        first.get_or_insert(c);
+    }
+    first
+}
