@@ -129,6 +129,15 @@ impl MixError {
     }
 }
 
+/// A buffer of `got` elements where `expected` are needed is an error.
+pub(crate) fn check_len(tensor: &'static str, expected: usize, got: usize) -> Result<(), MixError> {
+    if expected != got {
+        Err(MixError::BufferLength { tensor, expected, got })
+    } else {
+        Ok(())
+    }
+}
+
 /// `result.map_err(|e| MixError::driver(..))` in one call.
 pub(crate) trait DriverContext<T> {
     fn during(self, what: impl FnOnce() -> String) -> Result<T, MixError>;

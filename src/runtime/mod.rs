@@ -14,6 +14,8 @@
 //! - [`plan`]: the ordered steps of one call, a pure function of shape,
 //!   dtype, E, options and what the machine offers;
 //! - [`chunk`]: the scratch cap and the chunked walk over edges under it;
+//! - `weights`: the stack's weights and their transposes on the device;
+//! - `exec`: running a plan's steps on a stream;
 //! - [`stack`]: [`Stack`], forward and backward on a CUDA stream;
 //! - [`error`]: the error type, [`MixError`].
 pub mod table;
@@ -24,6 +26,7 @@ pub mod device;
 pub mod dispatch;
 pub mod element;
 pub mod error;
+mod exec;
 pub mod fault;
 pub mod gate_blas;
 pub mod launch;
@@ -32,6 +35,7 @@ pub mod plan;
 pub mod shape;
 pub mod stack;
 pub mod switch;
+mod weights;
 
 pub use chunk::{Chunking, ScratchCap, SCRATCH_CAP_ENV};
 pub use device::open_device;

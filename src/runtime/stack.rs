@@ -15,15 +15,17 @@ use super::dispatch::{
     forward_stages, is_gated_stage, needs_cublas, relay_stages, Dispatch, PathDecision, TileOverride,
 };
 use super::element::Element;
-use super::error::{DriverContext, MixError, ShapeParam};
+use super::error::{check_len, DriverContext, MixError, ShapeParam};
+use super::exec::{self, Env, Io};
 use super::fault::Fault;
 use super::gate_blas::{GateBlas, GateGemm};
 use super::launch::{KernelTiming, Kernels};
-use super::memory::{raw_ptr, CallMemory, ScratchPool, Tracker};
-use super::plan::{self, Addr, BackwardChoice, Buf, GateOp, Machine, Plan, Planner, Step};
+use super::memory::{CallMemory, ScratchPool, Tracker};
+use super::plan::{self, BackwardChoice, Machine, Plan, Planner};
 use super::shape::{StackShape, MAX_F};
 use super::switch::FusedMode;
 use super::table::KernelEntry;
+use super::weights::Weights;
 
 /// Options of one backward call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -92,28 +94,13 @@ fn nonnull(p: CUdeviceptr, tensor: &'static str) -> Result<(), MixError> {
     }
 }
 
-fn check_len(tensor: &'static str, expected: usize, got: usize) -> Result<(), MixError> {
-    if expected != got {
-        Err(MixError::BufferLength { tensor, expected, got })
-    } else {
-        Ok(())
-    }
-}
-
 /// The SO(2) mixing stack for element type `T` (f32 or f64) on one context.
 pub struct Stack<T: Element> {
     ctx: Arc<CudaContext>,
     shape: StackShape,
     dispatch: Dispatch<'static>,
-    w0: CudaSlice<T>,
-    w1: CudaSlice<T>,
-    wt0: CudaSlice<T>,
-    wt1: CudaSlice<T>,
-    /// `None` when n_layers == 1 (no gated layer).
-    gw: Option<CudaSlice<T>>,
-    /// gwt[k][f][c][j] = GW[k][f][j][c]: the gate-logit contraction reads
-    /// it along j, coalesced.
-    gwt: Option<CudaSlice<T>>,
+    /// W0, W1, GW and their transposes, on the device (weights.rs).
+    weights: Weights<T>,
     kernels: Kernels,
     /// Scratch and outputs of every call come from here (kept mapped).
     pool: Option<ScratchPool>,
@@ -132,31 +119,6 @@ pub struct Stack<T: Element> {
     device_bytes: u64,
     last_forward_chunking: Mutex<Option<Chunking>>,
     last_backward_chunking: Mutex<Option<Chunking>>,
-}
-
-/// wt[k][f][o][i] = W[k][f][i][o] for `blocks` square n x n blocks.
-fn transpose_blocks<T: Copy>(w: &[T], n: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(w.len());
-    for blk in w.chunks_exact(n * n) {
-        for o in 0..n {
-            out.extend((0..n).map(|i| blk[i * n + o]));
-        }
-    }
-    out
-}
-
-/// The transpose of every rows x cols block (rows*cols elements each).
-fn transpose_rect_blocks<T: Copy>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(w.len());
-    if rows * cols == 0 {
-        return out;
-    }
-    for blk in w.chunks_exact(rows * cols) {
-        for c in 0..cols {
-            out.extend((0..rows).map(|r| blk[r * cols + c]));
-        }
-    }
-    out
 }
 
 impl<T: Element> Stack<T> {
@@ -192,28 +154,7 @@ impl<T: Element> Stack<T> {
             }
         };
         validate_shape::<T>(&dispatch, &shape)?;
-        let overflow = |tensor| MixError::UnsupportedShape {
-            param: ShapeParam::NLayers,
-            value: shape.n_layers as u64,
-            supported: format!("sizes of `{tensor}` that fit usize"),
-        };
-        check_len("w0", shape.w0_len().ok_or_else(|| overflow("w0"))?, w0.len())?;
-        check_len("w1", shape.w1_len().ok_or_else(|| overflow("w1"))?, w1.len())?;
-        check_len("gw", shape.gw_len().ok_or_else(|| overflow("gw"))?, gw.len())?;
-
-        let up = |what: &'static str, host: &[T]| {
-            stream.clone_htod(host).during(|| format!("uploading `{what}` ({} elements)", host.len()))
-        };
-        let wt0_host = transpose_blocks(w0, shape.m0());
-        let wt1_host = transpose_blocks(w1, shape.m1());
-        let w0_d = up("w0", w0)?;
-        let w1_d = up("w1", w1)?;
-        let wt0_d = up("wt0", &wt0_host)?;
-        let wt1_d = up("wt1", &wt1_host)?;
-        let gw_d = if gw.is_empty() { None } else { Some(up("gw", gw)?) };
-        let gwt_host = transpose_rect_blocks(gw, shape.cf, shape.lg());
-        let gwt_d = if gw.is_empty() { None } else { Some(up("gwt", &gwt_host)?) };
-        stream.synchronize().during(|| "waiting for the weight upload".into())?;
+        let weights = Weights::upload(stream, &shape, w0, w1, gw)?;
 
         let gate_blas = plan::gate_blas_eligible(&dispatch, &shape, T::DTYPE).and_then(|()| GateBlas::new(stream));
 
@@ -230,12 +171,7 @@ impl<T: Element> Stack<T> {
             ctx,
             shape,
             dispatch,
-            w0: w0_d,
-            w1: w1_d,
-            wt0: wt0_d,
-            wt1: wt1_d,
-            gw: gw_d,
-            gwt: gwt_d,
+            weights,
             last_path: Mutex::new(None),
             last_forward: Mutex::new(None),
             last_backward: Mutex::new(None),
@@ -285,9 +221,7 @@ impl<T: Element> Stack<T> {
     }
     /// Device bytes held by the stack itself: W0, W1, GW and their transposes.
     pub fn weight_bytes(&self) -> u64 {
-        let sz = std::mem::size_of::<T>() as u64;
-        let gw = self.gw.as_ref().map_or(0, |g| g.len() as u64);
-        (2 * self.w0.len() as u64 + 2 * self.w1.len() as u64 + 2 * gw) * sz
+        self.weights.bytes()
     }
 
     /// Path decision of the last backward call (`None` before the first).
@@ -585,98 +519,9 @@ impl<T: Element> Stack<T> {
         self.planner().backward(e, apply_alpha, &choice, &self.machine()?)
     }
 
-    /// Run `plan` on `stream` over the caller's buffers `io`: every step in
-    /// order, scratch from the pool through `tr`. On an error the scratch
-    /// taken so far is freed (dropped) and the error returned.
-    fn run_plan(&self, stream: &Arc<CudaStream>, plan: &Plan, io: &Io, tr: &mut Tracker<'_>) -> Result<(), MixError> {
-        // Weight guards live until every step is enqueued, so their read
-        // events are recorded after the kernels that read them.
-        let (w0, _g0) = self.w0.device_ptr(stream);
-        let (w1, _g1) = self.w1.device_ptr(stream);
-        let (wt0, _g2) = self.wt0.device_ptr(stream);
-        let (wt1, _g3) = self.wt1.device_ptr(stream);
-        let gw_guard = self.gw.as_ref().map(|g| g.device_ptr(stream));
-        let gwt_guard = self.gwt.as_ref().map(|g| g.device_ptr(stream));
-        let (gw, gwt) = (gw_guard.as_ref().map_or(0, |(p, _)| *p), gwt_guard.as_ref().map_or(0, |(p, _)| *p));
-        let mut scratch: Vec<Option<CudaSlice<T>>> = plan.scratch.iter().map(|_| None).collect();
-        let mut at: Vec<CUdeviceptr> = vec![0; plan.scratch.len()];
-        let resolve = |a: &Addr, at: &[CUdeviceptr]| -> Result<CUdeviceptr, MixError> {
-            let base = match a.buf {
-                Buf::U0 => io.u0,
-                Buf::Alpha => io.alpha,
-                Buf::Out => io.out,
-                Buf::ZAll => io.z_all,
-                Buf::GradOut => io.grad_out,
-                Buf::GradU0 => io.grad_u0,
-                Buf::GradAlpha => io.grad_alpha,
-                Buf::W0 => w0,
-                Buf::W1 => w1,
-                Buf::Wt0 => wt0,
-                Buf::Wt1 => wt1,
-                Buf::Gw => gw,
-                Buf::Gwt => gwt,
-                Buf::Scratch(i) => at.get(i).copied().unwrap_or(0),
-            };
-            if base == 0 {
-                return Err(MixError::PlanInconsistent { why: format!("{a:?} is not a live buffer of this call") });
-            }
-            Ok(base + a.byte)
-        };
-        for step in &plan.steps {
-            match step {
-                Step::Alloc(i) => {
-                    let s = &plan.scratch[*i];
-                    let buf = tr.scratch::<T>(s.elems, s.name)?;
-                    at[*i] = raw_ptr(&buf, stream);
-                    scratch[*i] = Some(buf);
-                }
-                Step::Free(i) => {
-                    if let Some(buf) = scratch[*i].take() {
-                        tr.release(buf);
-                    }
-                    at[*i] = 0;
-                }
-                Step::Launch { kernel, e, n, foci, call } => {
-                    let call = call.try_map(|a| resolve(a, &at))?;
-                    self.kernels.launch(stream, kernel, *e, *n, *foci, &call)?;
-                }
-                Step::Gemm { stage, op, e, foci, a, w, c } => {
-                    let blas = self.gate_blas.as_ref().map_err(|why| MixError::PlanInconsistent {
-                        why: format!("the plan runs a cuBLAS gate GEMM, but cuBLAS is not in use: {why}"),
-                    })?;
-                    let sh = StackShape { f: *foci, ..self.shape };
-                    let (a, w, c) = (resolve(a, &at)?, resolve(w, &at)?, resolve(c, &at)?);
-                    // SAFETY: the plan addresses the span's rows (foci x E) of
-                    // z_all or g_logit, its (Cf, LG) gate blocks, and sig or gz,
-                    // each as large as the GEMM reads or writes.
-                    self.kernels.external(stream, *stage, op.label(), || unsafe {
-                        match op {
-                            GateOp::Projection => blas.projection::<T>(stream, &sh, *e, a, w, c),
-                            GateOp::LogitContraction => blas.logit_contraction::<T>(stream, &sh, *e, a, w, c),
-                        }
-                    })?;
-                }
-                Step::Copy { src, dst, bytes } => {
-                    let (src, dst) = (resolve(src, &at)?, resolve(dst, &at)?);
-                    self.ctx.bind_to_thread().during(|| "binding the context".into())?;
-                    // SAFETY: both ranges hold `bytes` bytes (the plan's chunk rows).
-                    unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, *bytes, stream.cu_stream()) }
-                        .during(|| format!("copying a chunk ({bytes} bytes)"))?;
-                }
-                Step::Copy2d { src, src_pitch, dst, dst_pitch, width, height } => {
-                    let (src, dst) = (resolve(src, &at)?, resolve(dst, &at)?);
-                    copy_2d(stream, src, *src_pitch, dst, *dst_pitch, *width, *height)?;
-                }
-                Step::Zero { dst, bytes } => {
-                    let dst = resolve(dst, &at)?;
-                    self.ctx.bind_to_thread().during(|| "binding the context".into())?;
-                    // SAFETY: dst holds `bytes` bytes (grad_alpha: E*F elements, caller contract).
-                    unsafe { cudarc::driver::result::memset_d8_async(dst, 0, *bytes, stream.cu_stream()) }
-                        .during(|| format!("zeroing {dst:#x} ({bytes} bytes)"))?;
-                }
-            }
-        }
-        Ok(())
+    /// What a plan runs on: this stack's weights, kernels and cuBLAS.
+    fn exec_env(&self) -> Env<'_, T> {
+        Env { shape: self.shape, weights: &self.weights, kernels: &self.kernels, gate_blas: self.gate_blas.as_ref() }
     }
 
     fn forward_core(
@@ -691,7 +536,7 @@ impl<T: Element> Stack<T> {
         let plan = self.forward_plan(e, apply_alpha, tiles)?;
         *lock(&self.last_forward_chunking) = Some(plan.chunking);
         let io = Io { u0: p.u0, alpha: p.alpha, out: p.out, z_all: p.z_all, ..Io::default() };
-        self.run_plan(stream, &plan, &io, tr)
+        exec::run_plan(stream, &plan, &io, &self.exec_env(), tr)
     }
 
     fn backward_core(
@@ -714,50 +559,8 @@ impl<T: Element> Stack<T> {
             grad_alpha: p.grad_alpha,
             ..Io::default()
         };
-        self.run_plan(stream, &plan, &io, tr)
+        exec::run_plan(stream, &plan, &io, &self.exec_env(), tr)
     }
-}
-
-/// The caller's buffers of one call (0 where the call has none).
-#[derive(Clone, Copy, Debug, Default)]
-struct Io {
-    u0: CUdeviceptr,
-    alpha: CUdeviceptr,
-    out: CUdeviceptr,
-    z_all: CUdeviceptr,
-    grad_out: CUdeviceptr,
-    grad_u0: CUdeviceptr,
-    grad_alpha: CUdeviceptr,
-}
-
-/// A pitched device-to-device copy of `height` rows of `width` bytes.
-fn copy_2d(
-    stream: &CudaStream,
-    src: CUdeviceptr,
-    src_pitch: usize,
-    dst: CUdeviceptr,
-    dst_pitch: usize,
-    width: usize,
-    height: usize,
-) -> Result<(), MixError> {
-    use cudarc::driver::sys;
-    // SAFETY: all-zero is a valid CUDA_MEMCPY2D (host pointers null, no
-    // arrays); the device fields are set below.
-    let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.srcDevice = src;
-    c.srcPitch = src_pitch;
-    c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.dstDevice = dst;
-    c.dstPitch = dst_pitch;
-    c.WidthInBytes = width;
-    c.Height = height;
-    stream.context().bind_to_thread().during(|| "binding the context".into())?;
-    // SAFETY: both ranges are device memory the caller sized for `height`
-    // rows at their pitches.
-    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream.cu_stream()) }
-        .result()
-        .during(|| format!("a pitched copy of {height} rows of {width} bytes"))
 }
 
 impl<T: Element> Drop for Stack<T> {
