@@ -3,7 +3,7 @@
  * descriptor (forward and input-gradient backward) on CUDA.
  *
  * Library: libmixstack.so (cargo build --release -> target/release/).
- * Implementation: src/capi.rs. Math and layouts: docs/MIXING_STACK.md.
+ * Implementation: src/capi/ (entry.rs). Math and layouts: docs/MIXING_STACK.md.
  *
  * Shapes (all tensors dense, row-major, contiguous, device memory of the
  * stack's device, element type of the stack: float (f32) or double (f64)):

@@ -774,7 +774,7 @@ fn empty_edges_launch_nothing() {
     assert_eq!(st.last_backward_peak_bytes(), Some(0));
     // Raw API with E = 0 and null pointers: nothing to do, nothing checked.
     let null = ForwardPtrs { u0: 0, alpha: 0, out: 0, z_all: 0 };
-    unsafe { st.forward_raw(s, 0, &null, true) }.unwrap();
+    unsafe { st.forward_raw(s, &null.check(st.shape(), 0).unwrap(), true) }.unwrap();
     s.synchronize().unwrap();
 }
 
@@ -840,7 +840,7 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(st.backward(s, &go, &out, &z_all, &alpha, true, &bad_tile), Err(MixError::BadOverride { .. })));
     // Raw API null pointers.
     let null = ForwardPtrs { u0: 0, alpha: 0, out: 0, z_all: 0 };
-    assert!(matches!(unsafe { st.forward_raw(s, 5, &null, true) }, Err(MixError::NullPointer { tensor: "u0" })));
+    assert!(matches!(null.check::<f32>(st.shape(), 5), Err(MixError::NullPointer { tensor: "u0" })));
 
     // A stream of another context.
     if let Ok(other) = CudaContext::new_non_primary(0, 0) {
@@ -941,12 +941,12 @@ fn raw_api_matches_slice_api() {
             let (po, _d) = out.device_ptr_mut(s);
             let (pz, _e) = z_all.device_ptr_mut(s);
             let fp = ForwardPtrs { u0: pu, alpha: pa, out: po, z_all: pz };
-            unsafe { st.forward_raw(s, e, &fp, true) }.unwrap();
+            unsafe { st.forward_raw(s, &fp.check(st.shape(), e).unwrap(), true) }.unwrap();
             assert_eq!(st.last_forward_memory().unwrap().output_bytes, 0);
             let (pgu, _f) = gu.device_ptr_mut(s);
             let (pga, _g) = ga.device_ptr_mut(s);
             let bp = BackwardPtrs { grad_out: pg, out: po, z_all: pz, alpha: pa, grad_u0: pgu, grad_alpha: pga };
-            let d = unsafe { st.backward_raw(s, e, &bp, true, &opts) }.unwrap();
+            let d = unsafe { st.backward_raw(s, &bp.check(st.shape(), e).unwrap(), true, &opts) }.unwrap();
             assert_eq!(d, want.decision);
         }
         assert!(bits(&download(s, &out)) == bits(&want.out), "raw out");

@@ -4,6 +4,7 @@
 //! Launch sequences are those of docs/KERNELS.md; see [`Stack::forward_raw`]
 //! and [`Stack::backward_raw`].
 
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -80,6 +81,78 @@ pub struct BackwardPtrs {
     pub grad_u0: CUdeviceptr,
     /// out: (E, F)
     pub grad_alpha: CUdeviceptr,
+}
+
+/// The buffers of one raw call over `e` edges, checked for a stack of `shape`
+/// and element `T`: every size and offset fits 64-bit arithmetic
+/// ([`StackShape::check_edges`]) and, when e > 0, every pointer the call needs
+/// is non-null. Only [`ForwardPtrs::check`] and [`BackwardPtrs::check`] make
+/// one, and the raw entry points take nothing else: these checks run once per
+/// call, before any caller-side check that relies on them (the C ABI's).
+#[derive(Debug)]
+pub struct Checked<T, P> {
+    shape: StackShape,
+    e: usize,
+    ptrs: P,
+    elem: PhantomData<fn() -> T>,
+}
+
+// Manual: a derive would bound T, which is only a marker here.
+impl<T, P: Copy> Clone for Checked<T, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, P: Copy> Copy for Checked<T, P> {}
+
+impl<T, P> Checked<T, P> {
+    /// Edges of the call.
+    pub fn e(&self) -> usize {
+        self.e
+    }
+    /// The checked buffers.
+    pub fn ptrs(&self) -> &P {
+        &self.ptrs
+    }
+    /// The shape they were checked for.
+    pub fn shape(&self) -> StackShape {
+        self.shape
+    }
+}
+
+impl ForwardPtrs {
+    /// Check these buffers for a forward of `e` edges on a stack of `shape`
+    /// and element `T` (`z_all` only when the shape has a gated layer).
+    pub fn check<T: Element>(self, shape: StackShape, e: usize) -> Result<Checked<T, ForwardPtrs>, MixError> {
+        shape.check_edges(e, std::mem::size_of::<T>())?;
+        if e > 0 {
+            nonnull(self.u0, "u0")?;
+            nonnull(self.alpha, "alpha")?;
+            nonnull(self.out, "out")?;
+            if shape.gated() > 0 {
+                nonnull(self.z_all, "z_all")?;
+            }
+        }
+        Ok(Checked { shape, e, ptrs: self, elem: PhantomData })
+    }
+}
+
+impl BackwardPtrs {
+    /// As [`ForwardPtrs::check`]; inputs first, then outputs.
+    pub fn check<T: Element>(self, shape: StackShape, e: usize) -> Result<Checked<T, BackwardPtrs>, MixError> {
+        shape.check_edges(e, std::mem::size_of::<T>())?;
+        if e > 0 {
+            nonnull(self.grad_out, "grad_out")?;
+            nonnull(self.out, "out")?;
+            nonnull(self.alpha, "alpha")?;
+            if shape.gated() > 0 {
+                nonnull(self.z_all, "z_all")?;
+            }
+            nonnull(self.grad_u0, "grad_u0")?;
+            nonnull(self.grad_alpha, "grad_alpha")?;
+        }
+        Ok(Checked { shape, e, ptrs: self, elem: PhantomData })
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -404,8 +477,8 @@ impl<T: Element> Stack<T> {
     // Raw API (caller-owned buffers, e.g. behind a C ABI)
     // ------------------------------------------------------------------
 
-    /// Forward on caller-owned buffers of `e` edges. Scratch is allocated
-    /// (and accounted) here; the outputs are not.
+    /// Forward on caller-owned buffers, checked by [`ForwardPtrs::check`].
+    /// Scratch is allocated (and accounted) here; the outputs are not.
     ///
     /// # Safety
     /// Every pointer must address device memory of this stack's context of at
@@ -416,53 +489,40 @@ impl<T: Element> Stack<T> {
     pub unsafe fn forward_raw(
         &self,
         stream: &Arc<CudaStream>,
-        e: usize,
-        ptrs: &ForwardPtrs,
+        call: &Checked<T, ForwardPtrs>,
         apply_alpha: bool,
     ) -> Result<(), MixError> {
         self.check_stream(stream)?;
-        self.shape.check_edges(e, std::mem::size_of::<T>())?;
+        // Checked for another shape (another stack's): check for this one.
+        let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
-        if e > 0 {
-            nonnull(ptrs.u0, "u0")?;
-            nonnull(ptrs.alpha, "alpha")?;
-            nonnull(ptrs.out, "out")?;
-            if self.shape.gated() > 0 {
-                nonnull(ptrs.z_all, "z_all")?;
-            }
-            self.forward_core(stream, e, ptrs, apply_alpha, &TileOverride::new(), &mut tr)?;
+        if call.e > 0 {
+            self.forward_core(stream, call.e, &call.ptrs, apply_alpha, &TileOverride::new(), &mut tr)?;
         }
         *lock(&self.last_forward) = Some(tr.finish());
         Ok(())
     }
 
-    /// Backward on caller-owned buffers of `e` edges; returns the path taken.
+    /// Backward on caller-owned buffers, checked by [`BackwardPtrs::check`];
+    /// returns the path taken.
     ///
     /// # Safety
     /// As [`Stack::forward_raw`], for the fields of [`BackwardPtrs`].
     pub unsafe fn backward_raw(
         &self,
         stream: &Arc<CudaStream>,
-        e: usize,
-        ptrs: &BackwardPtrs,
+        call: &Checked<T, BackwardPtrs>,
         apply_alpha: bool,
         opts: &BackwardOptions,
     ) -> Result<PathDecision, MixError> {
         self.check_stream(stream)?;
-        self.shape.check_edges(e, std::mem::size_of::<T>())?;
+        // As in forward_raw.
+        let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
         let plan = self.backward_choice(opts)?;
         *lock(&self.last_path) = Some(plan.decision);
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
-        if e > 0 {
-            nonnull(ptrs.grad_out, "grad_out")?;
-            nonnull(ptrs.out, "out")?;
-            nonnull(ptrs.alpha, "alpha")?;
-            nonnull(ptrs.grad_u0, "grad_u0")?;
-            nonnull(ptrs.grad_alpha, "grad_alpha")?;
-            if self.shape.gated() > 0 {
-                nonnull(ptrs.z_all, "z_all")?;
-            }
-            self.backward_core(stream, e, ptrs, apply_alpha, &plan, &mut tr)?;
+        if call.e > 0 {
+            self.backward_core(stream, call.e, &call.ptrs, apply_alpha, &plan, &mut tr)?;
         }
         *lock(&self.last_backward) = Some(tr.finish());
         Ok(plan.decision)
