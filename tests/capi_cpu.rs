@@ -11,6 +11,8 @@
 //! without one each of its tests prints `SKIPPED (no CUDA device): <name>`
 //! and passes.
 
+mod common;
+
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::{null, null_mut};
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use mixstack::capi::*;
 use mixstack::runtime::device::driver_present;
-use mixstack::runtime::{open_device, Dispatch, StackShape};
+use mixstack::runtime::{Dispatch, StackShape};
 
 const HEADER: &str = include_str!("../include/mixstack.h");
 /// The exported functions all live here.
@@ -653,18 +655,7 @@ fn shape() -> StackShape {
 /// The device's primary context and its legacy default stream, or `None`
 /// after printing the skip line.
 fn gpu(test: &str) -> Option<(Arc<CudaContext>, Arc<CudaStream>)> {
-    let ctx = match open_device(0) {
-        Ok(c) => c,
-        Err(e) => {
-            println!("SKIPPED (no CUDA device): {test}");
-            println!("  ({e})");
-            return None;
-        }
-    };
-    assert!(
-        !Dispatch::builtin().entries().is_empty(),
-        "a CUDA device is present but the kernel table is empty (stub build.rs?)"
-    );
+    let ctx = common::device(test)?;
     let stream = ctx.default_stream();
     Some((ctx, stream))
 }

@@ -10,6 +10,8 @@
 //! (`debug_poison_allocations`), so an element a kernel fails to write shows
 //! up as a NaN (rel_err = inf).
 
+mod common;
+
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -24,8 +26,7 @@ use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::switch::FUSED_ENV;
 use mixstack::runtime::table::{Dtype, Stage};
 use mixstack::runtime::{
-    open_device, BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, GateGemm, PathDecision, Stack,
-    StackShape,
+    BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, GateGemm, PathDecision, Stack, StackShape,
 };
 use mixstack_reference::reference::{self, Shape, Weights};
 use mixstack_reference::vectors;
@@ -44,18 +45,7 @@ struct Gpu {
 
 /// The device, or `None` after printing the skip line.
 fn gpu(test: &str) -> Option<Gpu> {
-    let ctx = match open_device(0) {
-        Ok(c) => c,
-        Err(e) => {
-            println!("SKIPPED (no CUDA device): {test}");
-            println!("  ({e})");
-            return None;
-        }
-    };
-    assert!(
-        !Dispatch::builtin().entries().is_empty(),
-        "a CUDA device is present but the kernel table is empty (stub build.rs?)"
-    );
+    let ctx = common::device(test)?;
     let stream = ctx.new_stream().expect("new stream");
     Some(Gpu { ctx, stream })
 }
