@@ -61,8 +61,10 @@
 extern "C" {
 #endif
 
-/* Version of this ABI; mixstack_abi_version() returns it. */
-#define MIXSTACK_ABI_VERSION 1
+/* Version of this ABI; mixstack_abi_version() returns it. 2 added stacks that borrow
+ * their weights (mixstack_stack_create_borrowing, mixstack_forward_w,
+ * mixstack_backward_w); version 1's functions are unchanged. */
+#define MIXSTACK_ABI_VERSION 2
 
 /* Status codes. */
 typedef enum mixstack_status {
@@ -113,6 +115,30 @@ int mixstack_forward(mixstack_stack* stack, int64_t e, const void* u0, const voi
 int mixstack_backward(mixstack_stack* stack, int64_t e, const void* grad_out, const void* out,
                       const void* z_all, const void* alpha, int apply_alpha, void* grad_u0,
                       void* grad_alpha, int path, void* cu_stream);
+
+/* A stack that holds no weights (shape and kernels only): each call passes them, as a
+ * model that assembles its weights from live parameters does. mixstack_forward and
+ * mixstack_backward on it fail with MIXSTACK_ERR_BAD_ARGUMENT; the _w calls below work
+ * on any stack (on one that holds weights, the call's replace them for that call). */
+int mixstack_stack_create_borrowing(int dtype, int device, int64_t f, int64_t cf, int64_t lmax,
+                                    int64_t n_layers, mixstack_stack** out);
+
+/* mixstack_forward with the call's weights: w0 (n_layers, F, M0, M0), w1 (n_layers, F,
+ * M1, M1), gw (n_layers-1, F, Cf, LG; may be NULL when n_layers == 1), row-major (in,
+ * out), device memory of the stack's device, read on cu_stream. Outputs must not
+ * overlap them. */
+int mixstack_forward_w(mixstack_stack* stack, int64_t e, const void* u0, const void* alpha,
+                       int apply_alpha, const void* w0, const void* w1, const void* gw,
+                       void* out, void* z_all, void* cu_stream);
+
+/* mixstack_backward with the call's weights, as the backward reads them: wt0 and wt1
+ * the per-block transposes of w0 and w1 (wt[k][f][o][i] = w[k][f][i][o]), gw as in
+ * mixstack_forward_w and gwt its per-block transpose (n_layers-1, F, LG, Cf); gw and
+ * gwt may be NULL when n_layers == 1. */
+int mixstack_backward_w(mixstack_stack* stack, int64_t e, const void* grad_out, const void* out,
+                        const void* z_all, const void* alpha, int apply_alpha, const void* wt0,
+                        const void* wt1, const void* gw, const void* gwt, void* grad_u0,
+                        void* grad_alpha, int path, void* cu_stream);
 
 /* Path taken by the handle's last backward call: *path = 1 relay, 2 fused, 0 none yet;
  * the reason is copied NUL-terminated into reason (truncated to reason_len; may be NULL). */

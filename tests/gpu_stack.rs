@@ -946,6 +946,85 @@ fn raw_api_matches_slice_api() {
     }
 }
 
+/// wt[k][f][o][i] = w[k][f][i][o] over rows x cols blocks.
+fn transpose_blocks(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(w.len());
+    for blk in w.chunks_exact(rows * cols) {
+        for c in 0..cols {
+            out.extend((0..rows).map(|r| blk[r * cols + c]));
+        }
+    }
+    out
+}
+
+/// A stack that borrows its weights, given them with each call (raw API),
+/// gives exactly the owning stack's results, relay and fused, for gated and
+/// ungated shapes; the slice API on it is a typed error.
+#[test]
+fn borrowed_weights_equal_owned_bitwise() {
+    use mixstack::runtime::{BackwardWeights, ForwardWeights};
+    let name = "borrowed_weights_equal_owned_bitwise";
+    let Some(g) = gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let s = &g.stream;
+    for shape in
+        [Shape { f: 2, e: 301, cf: 32, lmax: 3, n_layers: 3 }, Shape { f: 1, e: 64, cf: 64, lmax: 2, n_layers: 1 }]
+    {
+        let p = Problem::random(&mut rng, shape, true);
+        let owned = make_stack::<f32>(&g, &p);
+        let sh = p.stack_shape();
+        let borrowing = Stack::<f32>::borrowing(s, sh).unwrap();
+        let (m0, m1) = (sh.m0(), sh.m1());
+        let w0 = upload::<f32>(s, &p.w0);
+        let w1 = upload::<f32>(s, &p.w1);
+        let wt0 = upload::<f32>(s, &transpose_blocks(&p.w0, m0, m0));
+        let wt1 = upload::<f32>(s, &transpose_blocks(&p.w1, m1, m1));
+        let gw = (!p.gw.is_empty()).then(|| upload::<f32>(s, &p.gw));
+        let gwt = (!p.gw.is_empty()).then(|| upload::<f32>(s, &transpose_blocks(&p.gw, sh.cf, sh.lg())));
+        let u0 = upload::<f32>(s, &p.u0);
+        let alpha = upload::<f32>(s, &p.alpha);
+        let go = upload::<f32>(s, &p.grad_out);
+        // the slice API needs weights the stack holds
+        let r = borrowing.forward(s, &u0, &alpha, true);
+        assert!(matches!(r, Err(MixError::NoWeights)), "{:?}", r.err());
+        for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+            let want = run(&g, &owned, &p, &opts).unwrap();
+            let nan = |n: usize| s.clone_htod(&vec![f32::NAN; n]).unwrap();
+            let (mut out, mut z_all) = (nan(want.out.len()), nan(want.z_all.len().max(1)));
+            let (mut gu, mut ga) = (nan(want.grad_u0.len()), nan(want.grad_alpha.len()));
+            let e = p.shape.e;
+            {
+                let ptr = |b: &CudaSlice<f32>| b.device_ptr(s).0;
+                let opt = |b: &Option<CudaSlice<f32>>| b.as_ref().map_or(0, |b| b.device_ptr(s).0);
+                let fw = ForwardWeights { w0: ptr(&w0), w1: ptr(&w1), gw: opt(&gw) };
+                let bw = BackwardWeights { wt0: ptr(&wt0), wt1: ptr(&wt1), gw: opt(&gw), gwt: opt(&gwt) };
+                let (pu, pa, pg) = (ptr(&u0), ptr(&alpha), ptr(&go));
+                let (po, _d) = out.device_ptr_mut(s);
+                let (pz, _e) = z_all.device_ptr_mut(s);
+                let fp = ForwardPtrs { u0: pu, alpha: pa, out: po, z_all: pz };
+                let call = fp.check(sh, e).unwrap().with_weights(fw).unwrap();
+                unsafe { borrowing.forward_raw_with(s, &call, true) }.unwrap();
+                let (pgu, _f) = gu.device_ptr_mut(s);
+                let (pga, _g) = ga.device_ptr_mut(s);
+                let bp = BackwardPtrs { grad_out: pg, out: po, z_all: pz, alpha: pa, grad_u0: pgu, grad_alpha: pga };
+                let call = bp.check(sh, e).unwrap().with_weights(bw).unwrap();
+                let d = unsafe { borrowing.backward_raw_with(s, &call, true, &opts) }.unwrap();
+                assert_eq!(d, want.decision);
+                // a missing weight is refused before anything runs
+                let call = fp.check::<f32>(sh, e).unwrap().with_weights(ForwardWeights { w1: 0, ..fw });
+                assert!(matches!(call, Err(MixError::NullPointer { tensor: "w1" })), "{:?}", call.err());
+            }
+            let what = format!("{shape:?} {}", want.decision);
+            assert!(bits(&download(s, &out)) == bits(&want.out), "{what}: out");
+            if !want.z_all.is_empty() {
+                assert!(bits(&download(s, &z_all)) == bits(&want.z_all), "{what}: z_all");
+            }
+            assert!(bits(&download(s, &gu)) == bits(&want.grad_u0), "{what}: grad_u0");
+            assert!(bits(&download(s, &ga)) == bits(&want.grad_alpha), "{what}: grad_alpha");
+        }
+    }
+}
+
 #[test]
 fn profiling_records_each_launch() {
     let name = "profiling_records_each_launch";

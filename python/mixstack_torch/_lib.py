@@ -7,7 +7,7 @@ import glob
 import os
 import threading
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_NAME = "libmixstack.so"
 
 # include/mixstack.h
@@ -87,6 +87,14 @@ def _load():
             c_int, c_int, c_i64, c_i64, c_i64, c_i64, c_vp, c_vp, c_vp, c_vp, ctypes.POINTER(c_vp),
         ]
         lib.mixstack_stack_create.restype = c_int
+        lib.mixstack_stack_create_borrowing.argtypes = [c_int, c_int, c_i64, c_i64, c_i64, c_i64, ctypes.POINTER(c_vp)]
+        lib.mixstack_stack_create_borrowing.restype = c_int
+        lib.mixstack_forward_w.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp]
+        lib.mixstack_forward_w.restype = c_int
+        lib.mixstack_backward_w.argtypes = [
+            c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_vp,
+        ]
+        lib.mixstack_backward_w.restype = c_int
         lib.mixstack_forward.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp]
         lib.mixstack_forward.restype = c_int
         lib.mixstack_backward.argtypes = [c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_int, c_vp]

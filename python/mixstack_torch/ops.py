@@ -1,35 +1,40 @@
-"""The PyTorch op over the C library (_lib.py): autograd, weight stacks,
-argument checks."""
+"""The PyTorch ops over the C library (_lib.py): ``mixstack::stack`` and
+``mixstack::stack_bwd`` as ``torch.library`` custom ops, with fake kernels
+(shapes only) and autograd, so ``make_fx(tracing_mode="symbolic")``,
+``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them.
+
+The weights are arguments of every call, as upstream: the C library is
+given their device pointers per call (``mixstack_forward_w`` /
+``mixstack_backward_w`` on a stack that borrows its weights), and the
+backward's transposes are made on the device, on the current stream. No
+host round trip, nothing cached on data pointers: one C handle per (device,
+dtype, F, Cf, lmax, n_layers) holds the kernels and the scratch pool.
+"""
 
 import atexit
-import collections
 import ctypes
 import operator
 import threading
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _lib as _libmod
-from ._lib import _STATUS, PATHS, _PATH_NAMES, MixstackError, _check, _load
+from ._lib import PATHS, _PATH_NAMES, _check, _load
 
 _DTYPES = {torch.float32: 0, torch.float64: 1}
+_PATH_CODES = PATHS
 
 
 # ----------------------------------------------------------------------
-# stacks, cached per weights
+# C handles, one per shape
 # ----------------------------------------------------------------------
 
 
 class _Stack:
-    """One C handle. Holds the weight tensors so their memory (the cache key)
-    cannot be reused by other tensors while the handle is cached."""
+    """One C handle of a stack that borrows its weights."""
 
-    def __init__(self, handle, dtype, device, weights):
+    def __init__(self, handle):
         self.handle = handle
-        self.dtype = dtype
-        self.device = device
-        self.weights = weights
 
     def close(self):
         h, self.handle = self.handle, None
@@ -44,16 +49,15 @@ class _Stack:
             pass
 
 
-_CACHE_SIZE = 8
-_cache = collections.OrderedDict()
-_cache_lock = threading.Lock()
+_stacks = {}
+_stacks_lock = threading.Lock()
 
 
 def clear_cache():
-    """Destroy every cached stack (they are re-created on the next call)."""
-    with _cache_lock:
-        entries = list(_cache.values())
-        _cache.clear()
+    """Destroy the C handles (one per shape; made again on the next call)."""
+    with _stacks_lock:
+        entries = list(_stacks.values())
+        _stacks.clear()
     for e in entries:
         e.close()
 
@@ -62,10 +66,10 @@ atexit.register(clear_cache)
 
 
 def release_cached_memory():
-    """Hand the scratch memory the cached stacks keep mapped between calls
-    (their own pools, outside PyTorch's allocator) back to the device."""
-    with _cache_lock:
-        entries = list(_cache.values())
+    """Hand the scratch memory the handles keep mapped between calls (their
+    own pools, outside PyTorch's allocator) back to the device."""
+    with _stacks_lock:
+        entries = list(_stacks.values())
     for e in entries:
         if e.handle:
             _check(_load().mixstack_release_cached_memory(e.handle), "mixstack_release_cached_memory")
@@ -75,35 +79,29 @@ def _current_stream(device):
     return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
 
 
-def _get_stack(w0_all, w1_all, gw_all, dims_key):
-    dtype, device = w0_all.dtype, w0_all.device
-    ws = (w0_all, w1_all, gw_all)
-    # The version counters catch in-place updates of the weights.
-    key = (device.index, dtype, dims_key) + tuple(w.data_ptr() for w in ws) + tuple(w._version for w in ws)
-    with _cache_lock:
-        st = _cache.get(key)
-        if st is not None:
-            _cache.move_to_end(key)
-            return st
-    lib = _load()
-    F, cf, lmax, n_layers = dims_key
+def _get_stack(device, dtype, dims):
+    key = (device.index, dtype, dims)
+    with _stacks_lock:
+        st = _stacks.get(key)
+    if st is not None:
+        return st
+    F, cf, lmax, n_layers = dims
     handle = ctypes.c_void_p()
     with torch.cuda.device(device):
-        status = lib.mixstack_stack_create(
-            _DTYPES[dtype], device.index, F, cf, lmax, n_layers,
-            w0_all.data_ptr() or None, w1_all.data_ptr() or None, gw_all.data_ptr() or None,
-            _current_stream(device), ctypes.byref(handle),
+        status = _load().mixstack_stack_create_borrowing(
+            _DTYPES[dtype], device.index, F, cf, lmax, n_layers, ctypes.byref(handle)
         )
-    _check(status, "mixstack_stack_create")
-    st = _Stack(handle.value, dtype, device, tuple(w.detach() for w in ws))
-    evicted = []
-    with _cache_lock:
-        _cache[key] = st
-        while len(_cache) > _CACHE_SIZE:
-            evicted.append(_cache.popitem(last=False)[1])
-    for e in evicted:
-        e.close()
-    return st
+    _check(status, "mixstack_stack_create_borrowing")
+    st = _Stack(handle.value)
+    with _stacks_lock:
+        other = _stacks.setdefault(key, st)
+    if other is not st:
+        st.close()
+    return other
+
+
+def _ptr(t):
+    return t.data_ptr() or None
 
 
 # ----------------------------------------------------------------------
@@ -121,7 +119,7 @@ def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
     for name, t in tensors.items():
         _need(isinstance(t, torch.Tensor), f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
     for name, t in tensors.items():
-        _need(t.is_cuda, f"`{name}` is on {t.device}: mixstack runs on CUDA tensors only (no CPU fallback)")
+        _need(t.device.type == "cuda", f"`{name}` is on {t.device}: mixstack runs on CUDA tensors only (no CPU fallback)")
         _need(
             t.dtype in _DTYPES,
             f"`{name}` has dtype {t.dtype}: mixstack supports torch.float32 and torch.float64 only",
@@ -158,7 +156,7 @@ def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
 
 
 # ----------------------------------------------------------------------
-# the op
+# the ops
 # ----------------------------------------------------------------------
 
 _last_path = None  # (path name, reason) of the most recent backward
@@ -178,59 +176,118 @@ def _query_path(st):
     _last_path = (_PATH_NAMES.get(code.value), buf.value.decode("utf-8", "replace"))
 
 
-class _MixstackStackFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
-        F, E, n_layers = _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path)
-        row = (3 * lmax + 1) * focus_dim
-        dev = u0.device
-        st = _get_stack(w0_all, w1_all, gw_all, (F, focus_dim, lmax, n_layers))
-        out = torch.empty((E, F, row), dtype=u0.dtype, device=dev)
-        z_all = torch.empty((n_layers - 1, F, E, row), dtype=u0.dtype, device=dev)
-        with torch.cuda.device(dev):
-            status = _load().mixstack_forward(
-                st.handle, E, u0.data_ptr() or None, alpha.data_ptr() or None, int(bool(apply_alpha)),
-                out.data_ptr() or None, z_all.data_ptr() or None, _current_stream(dev),
-            )
-        _check(status, "mixstack_forward")
-        ctx.stack = st  # keeps the handle alive for backward, even if evicted
-        ctx.apply_alpha = bool(apply_alpha)
-        ctx.path = PATHS[path]
-        ctx.save_for_backward(out, z_all, alpha)
-        ctx.mark_non_differentiable(z_all)
-        return out, z_all
+def _dims(lmax, focus_dim):
+    L, cf = lmax, focus_dim
+    return (3 * L + 1) * cf, L * cf
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out, _grad_z_all):
-        out, z_all, alpha = ctx.saved_tensors
-        st = ctx.stack
-        E, F, _row = out.shape
-        dev = out.device
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        # Autograd may hand in any layout (e.g. expanded ones): make it dense.
-        grad_out = grad_out.to(dtype=out.dtype).contiguous()
-        grad_u0 = torch.empty((F, E, out.shape[2]), dtype=out.dtype, device=dev)
-        grad_alpha = torch.empty((E, F), dtype=out.dtype, device=dev)
-        with torch.cuda.device(dev):
-            status = _load().mixstack_backward(
-                st.handle, E, grad_out.data_ptr() or None, out.data_ptr() or None, z_all.data_ptr() or None,
-                alpha.data_ptr() or None, int(ctx.apply_alpha), grad_u0.data_ptr() or None,
-                grad_alpha.data_ptr() or None, ctx.path, _current_stream(dev),
-            )
-        _check(status, "mixstack_backward")
-        if E > 0:
-            _query_path(st)
-        return (
-            grad_u0 if ctx.needs_input_grad[0] else None,
-            grad_alpha if ctx.needs_input_grad[1] else None,
-            None, None, None, None, None, None, None,
+
+@torch.library.custom_op("mixstack::stack", mutates_args=())
+def stack(
+    u0: torch.Tensor,
+    alpha: torch.Tensor,
+    w0_all: torch.Tensor,
+    w1_all: torch.Tensor,
+    gw_all: torch.Tensor,
+    lmax: int,
+    focus_dim: int,
+    apply_alpha: bool,
+    path: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward: ``(out (E, F, ROW), z_all (n_layers-1, F, E, ROW))``."""
+    F, E, n_layers = _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path)
+    row, _ = _dims(lmax, focus_dim)
+    dev = u0.device
+    out = torch.empty((E, F, row), dtype=u0.dtype, device=dev)
+    z_all = torch.empty((n_layers - 1, F, E, row), dtype=u0.dtype, device=dev)
+    if E == 0:
+        return out, z_all
+    st = _get_stack(dev, u0.dtype, (F, focus_dim, lmax, n_layers))
+    with torch.cuda.device(dev):
+        status = _load().mixstack_forward_w(
+            st.handle, E, _ptr(u0), _ptr(alpha), int(bool(apply_alpha)),
+            _ptr(w0_all), _ptr(w1_all), _ptr(gw_all), _ptr(out), _ptr(z_all), _current_stream(dev),
         )
+    _check(status, "mixstack_forward_w")
+    return out, z_all
+
+
+@stack.register_fake
+def _(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
+    F, E, row = u0.shape
+    n_layers = w0_all.shape[0]
+    return u0.new_empty((E, F, row)), u0.new_empty((n_layers - 1, F, E, row))
+
+
+@torch.library.custom_op("mixstack::stack_bwd", mutates_args=())
+def stack_bwd(
+    grad_out: torch.Tensor,
+    out: torch.Tensor,
+    z_all: torch.Tensor,
+    alpha: torch.Tensor,
+    w0_all: torch.Tensor,
+    w1_all: torch.Tensor,
+    gw_all: torch.Tensor,
+    lmax: int,
+    focus_dim: int,
+    apply_alpha: bool,
+    path: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input gradients: ``(grad_u0 (F, E, ROW), grad_alpha (E, F))``."""
+    _need(path in _PATH_CODES, f"path must be one of {sorted(_PATH_CODES)}, got {path!r}")
+    E, F, row = out.shape
+    n_layers = w0_all.shape[0]
+    dev = out.device
+    grad_u0 = torch.empty((F, E, row), dtype=out.dtype, device=dev)
+    grad_alpha = torch.empty((E, F), dtype=out.dtype, device=dev)
+    if E == 0:
+        return grad_u0, grad_alpha
+    # Autograd may hand in any layout (e.g. expanded ones): make it dense.
+    grad_out = grad_out.to(dtype=out.dtype).contiguous()
+    # The transposes the backward reads, made on the device on this stream.
+    wt0 = w0_all.transpose(-1, -2).contiguous()
+    wt1 = w1_all.transpose(-1, -2).contiguous()
+    gwt = gw_all.transpose(-1, -2).contiguous()
+    st = _get_stack(dev, out.dtype, (F, focus_dim, lmax, n_layers))
+    with torch.cuda.device(dev):
+        status = _load().mixstack_backward_w(
+            st.handle, E, _ptr(grad_out), _ptr(out), _ptr(z_all), _ptr(alpha), int(bool(apply_alpha)),
+            _ptr(wt0), _ptr(wt1), _ptr(gw_all), _ptr(gwt), _ptr(grad_u0), _ptr(grad_alpha),
+            _PATH_CODES[path], _current_stream(dev),
+        )
+    _check(status, "mixstack_backward_w")
+    _query_path(st)
+    return grad_u0, grad_alpha
+
+
+@stack_bwd.register_fake
+def _(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
+    E, F, row = out.shape
+    return out.new_empty((F, E, row)), out.new_empty((E, F))
+
+
+def _setup_context(ctx, inputs, output):
+    u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path = inputs
+    out, z_all = output
+    ctx.save_for_backward(out, z_all, alpha, w0_all, w1_all, gw_all)
+    ctx.params = (lmax, focus_dim, apply_alpha, path)
+    ctx.mark_non_differentiable(z_all)
+
+
+def _backward(ctx, grad_out, _grad_z_all):
+    out, z_all, alpha, w0_all, w1_all, gw_all = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    grad_u0, grad_alpha = stack_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, *ctx.params)
+    # Input gradients only (the force backward): the weights get None.
+    return grad_u0, grad_alpha, None, None, None, None, None, None, None
+
+
+stack.register_autograd(_backward, setup_context=_setup_context)
 
 
 def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path="auto"):
-    """The SO(2) mixing stack (docs/MIXING_STACK.md) on CUDA through mixstack.
+    """The SO(2) mixing stack (docs/MIXING_STACK.md) on CUDA through mixstack
+    (``torch.ops.mixstack.stack``).
 
     Same argument order and layouts as the upstream op:
 
@@ -252,19 +309,13 @@ def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alp
     backward). The weights get **None**, even when they require grad: do not
     use this op to train the weights. ``grad_alpha`` is
     ``sum(grad_out * out) / max(alpha, 1e-12)`` as upstream, i.e. exact for
-    alpha > 0, and zeros when ``apply_alpha`` is false. The op is not
-    twice differentiable.
+    alpha > 0, and zeros when ``apply_alpha`` is false.
 
     Refused with ValueError (mixstack does not fall back or copy): CPU
     tensors, tensors on different devices or of different dtypes, dtypes
     other than float32/float64, non-contiguous tensors, shapes that do not
     match, and shapes outside the build (Cf, lmax, F the kernels were not
     generated for).
-
-    The weights are copied to mixstack once per (device, dtype, shapes,
-    weight data_ptr, weight version): in-place updates of the weights (which
-    bump their version counter) make a new stack; a cache of the last 8
-    stacks holds references to their weight tensors.
     """
     try:
         lmax, focus_dim = operator.index(lmax), operator.index(focus_dim)
@@ -273,4 +324,6 @@ def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alp
     if alpha is None and not apply_alpha and isinstance(u0, torch.Tensor) and u0.dim() == 3:
         # mixstack always takes an alpha buffer; it is not read without apply_alpha.
         alpha = torch.ones((u0.shape[1], u0.shape[0]), dtype=u0.dtype, device=u0.device)
-    return _MixstackStackFn.apply(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path)
+    if not isinstance(path, str) or path not in PATHS:
+        raise ValueError(f"mixstack_stack: path must be one of {sorted(PATHS)}, got {path!r}")
+    return stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, bool(apply_alpha), path)

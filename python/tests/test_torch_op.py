@@ -329,7 +329,7 @@ def test_weights_get_no_gradient():
     assert all(x.grad is None for x in w), "weights must get no gradient"
 
 
-def test_cache_follows_in_place_weight_updates():
+def test_in_place_weight_updates_are_seen():
     _tf32_off()
     c = make_case(1, 200, 32, 2, 2, torch.float64, seed=800)
     args = lambda: (c["w0_all"], c["w1_all"], c["gw_all"], 2, 32, True)  # noqa: E731
@@ -437,6 +437,92 @@ def test_reference_vectors():
                 )
 
 
+def _op_args(c, path="relay"):
+    return (c["u0"], c["alpha"], c["w0_all"], c["w1_all"], c["gw_all"], c["lmax"], c["focus_dim"], True, path)
+
+
+def test_opcheck():
+    # torch.library.opcheck: schema, fake kernels against the real ones,
+    # autograd registration, for both ops.
+    c = make_case(2, 50, 32, 3, 3, torch.float32, seed=1100)
+    u0 = c["u0"].detach().clone().requires_grad_(True)
+    alpha = c["alpha"].detach().clone().requires_grad_(True)
+    args = (u0, alpha) + _op_args(c)[2:]
+    torch.library.opcheck(torch.ops.mixstack.stack.default, args)
+    out, z = torch.ops.mixstack.stack(*_op_args(c))
+    bwd_args = (c["grad_out"], out, z, c["alpha"], c["w0_all"], c["w1_all"], c["gw_all"], 3, 32, True, "relay")
+    torch.library.opcheck(torch.ops.mixstack.stack_bwd.default, bwd_args)
+
+
+def test_compile_export_and_make_fx_match_eager():
+    _tf32_off()
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    c = make_case(2, 501, 32, 3, 3, torch.float32, seed=1200)
+
+    def f(u0, alpha, w0, w1, gw):
+        out, _ = mt.mixstack_stack(u0, alpha, w0, w1, gw, 3, 32, True, path="relay")
+        gu, ga = torch.autograd.grad(out, (u0, alpha), c["grad_out"])
+        return out, gu, ga
+
+    def inputs():
+        u0 = c["u0"].detach().clone().requires_grad_(True)
+        alpha = c["alpha"].detach().clone().requires_grad_(True)
+        return u0, alpha, c["w0_all"], c["w1_all"], c["gw_all"]
+
+    want = f(*inputs())
+    gm = make_fx(f, tracing_mode="symbolic")(*inputs())
+    for name, got in [("make_fx", gm(*inputs())), ("torch.compile", torch.compile(f, fullgraph=True)(*inputs()))]:
+        for a, b in zip(want, got):
+            assert torch.equal(a, b), f"{name} differs from eager"
+
+    class M(torch.nn.Module):
+        def forward(self, u0, alpha, w0, w1, gw):
+            return torch.ops.mixstack.stack(u0, alpha, w0, w1, gw, 3, 32, True, "relay")
+
+    args = tuple(t.detach() for t in inputs())
+    ep = torch.export.export(M(), args)
+    out, _ = ep.module()(*args)
+    assert torch.equal(out, want[0]), "torch.export differs from eager"
+
+
+def test_cuda_graph_capture_replays_exactly():
+    _tf32_off()
+    c = make_case(2, 777, 32, 3, 3, torch.float32, seed=1300)
+    static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+
+    def step():
+        out, z = torch.ops.mixstack.stack(*_op_args(static))
+        gu, ga = torch.ops.mixstack.stack_bwd(
+            static["grad_out"], out, z, static["alpha"], static["w0_all"], static["w1_all"], static["gw_all"],
+            3, 32, True, "relay",
+        )
+        return out, gu, ga
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        want = step()  # warm-up: the handle and the kernels are made outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = step()
+    # new inputs, same buffers: the replay must compute with them
+    c2 = make_case(2, 777, 32, 3, 3, torch.float32, seed=1301)
+    for k in ("u0", "alpha", "grad_out", "w0_all"):
+        static[k].copy_(c2[k])
+    g.replay()
+    torch.cuda.synchronize()
+    c2 = dict(c2, w1_all=static["w1_all"], gw_all=static["gw_all"])
+    out, z = torch.ops.mixstack.stack(*_op_args(c2))
+    gu, ga = torch.ops.mixstack.stack_bwd(
+        c2["grad_out"], out, z, c2["alpha"], c2["w0_all"], c2["w1_all"], c2["gw_all"], 3, 32, True, "relay"
+    )
+    for name, a, b in zip(("out", "grad_u0", "grad_alpha"), got, (out, gu, ga)):
+        assert torch.equal(a, b), f"graph replay: {name} differs from an eager call on the same inputs"
+    assert not torch.equal(got[0], want[0]), "the replay did not see the new inputs"
+
+
 TESTS = [
     test_library_loads,
     test_reference_closed_form_matches_autograd,
@@ -448,11 +534,14 @@ TESTS = [
     test_auto_path_reads_env,
     test_refusals,
     test_weights_get_no_gradient,
-    test_cache_follows_in_place_weight_updates,
+    test_in_place_weight_updates_are_seen,
     test_empty_edges,
     test_side_stream,
     test_release_cached_memory,
     test_alpha_none_without_apply_alpha,
+    test_opcheck,
+    test_compile_export_and_make_fx_match_eager,
+    test_cuda_graph_capture_replays_exactly,
 ]
 
 

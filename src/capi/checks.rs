@@ -15,7 +15,9 @@ use super::status::{fail, mixstack_status::*, Fail, MIXSTACK_PATH_AUTO, MIXSTACK
 use crate::runtime::dispatch::Dispatch;
 use crate::runtime::error::MixError;
 use crate::runtime::stack::validate_shape;
-use crate::runtime::{BackwardPtrs, Checked, Element, ForwardPtrs, FusedMode, StackShape};
+use crate::runtime::{
+    BackwardPtrs, BackwardWeights, Checked, Element, ForwardPtrs, ForwardWeights, FusedMode, StackShape,
+};
 
 // ----------------------------------------------------------------------
 // scalars
@@ -134,20 +136,74 @@ impl<T: Element, P> Valid<T, P> {
     }
 }
 
+/// A forward's checked buffers and its tensors (inputs, outputs).
+type Parts<T, P> = (Checked<T, P>, Vec<Tensor>, Vec<Tensor>);
+
+fn forward_parts<T: Element>(sh: StackShape, e: usize, ptrs: ForwardPtrs) -> Result<Parts<T, ForwardPtrs>, Fail> {
+    let gated = sh.gated() > 0;
+    // Without a gated layer z_all is neither written nor checked.
+    let ptrs = ForwardPtrs { z_all: if gated { ptrs.z_all } else { 0 }, ..ptrs };
+    let call = ptrs.check::<T>(sh, e)?;
+    let (surf, alpha, z_all) = extents::<T>(&sh, e)?;
+    let t = |name, ptr, bytes| Tensor { name, ptr, bytes };
+    let inputs = vec![t("u0", ptrs.u0, surf), t("alpha", ptrs.alpha, alpha)];
+    let mut outputs = vec![t("out", ptrs.out, surf)];
+    if gated {
+        outputs.push(t("z_all", ptrs.z_all, z_all));
+    }
+    Ok((call, inputs, outputs))
+}
+
+fn backward_parts<T: Element>(sh: StackShape, e: usize, ptrs: BackwardPtrs) -> Result<Parts<T, BackwardPtrs>, Fail> {
+    let gated = sh.gated() > 0;
+    // Without a gated layer z_all is neither read nor checked.
+    let ptrs = BackwardPtrs { z_all: if gated { ptrs.z_all } else { 0 }, ..ptrs };
+    let call = ptrs.check::<T>(sh, e)?;
+    let (surf, alpha, z_all) = extents::<T>(&sh, e)?;
+    let t = |name, ptr, bytes| Tensor { name, ptr, bytes };
+    let mut inputs = vec![t("grad_out", ptrs.grad_out, surf), t("out", ptrs.out, surf), t("alpha", ptrs.alpha, alpha)];
+    if gated {
+        inputs.push(t("z_all", ptrs.z_all, z_all));
+    }
+    let outputs = vec![t("grad_u0", ptrs.grad_u0, surf), t("grad_alpha", ptrs.grad_alpha, alpha)];
+    Ok((call, inputs, outputs))
+}
+
+/// The weight tensors a call borrows, (name, address, elements) each; an
+/// empty one (GW without a gated layer) is not a tensor of the call.
+fn weight_tensors<T: Element>(named: &[(&'static str, CUdeviceptr, usize)]) -> Result<Vec<Tensor>, Fail> {
+    let elem = std::mem::size_of::<T>();
+    named
+        .iter()
+        .filter(|(_, _, len)| *len > 0)
+        .map(|&(name, ptr, len)| Ok(Tensor { name, ptr, bytes: bytes_of(len, elem, 0, "weight bytes")? }))
+        .collect()
+}
+
+/// Element counts of (W0, W1, GW) for `sh`.
+fn weight_lens(sh: &StackShape) -> Result<[usize; 3], Fail> {
+    match (sh.w0_len(), sh.w1_len(), sh.gw_len()) {
+        (Some(a), Some(b), Some(c)) => Ok([a, b, c]),
+        _ => Err(fail(MIXSTACK_ERR_BAD_SHAPE, "the weight sizes overflow usize")),
+    }
+}
+
 impl<T: Element> Valid<T, ForwardPtrs> {
     /// A forward over `e` > 0 edges (E == 0 returns before any tensor check).
     pub(super) fn forward(sh: StackShape, e: usize, ptrs: ForwardPtrs) -> Result<Self, Fail> {
-        let gated = sh.gated() > 0;
-        // Without a gated layer z_all is neither written nor checked.
-        let ptrs = ForwardPtrs { z_all: if gated { ptrs.z_all } else { 0 }, ..ptrs };
-        let call = ptrs.check::<T>(sh, e)?;
-        let (surf, alpha, z_all) = extents::<T>(&sh, e)?;
-        let t = |name, ptr, bytes| Tensor { name, ptr, bytes };
-        let inputs = [t("u0", ptrs.u0, surf), t("alpha", ptrs.alpha, alpha)];
-        let mut outputs = vec![t("out", ptrs.out, surf)];
-        if gated {
-            outputs.push(t("z_all", ptrs.z_all, z_all));
-        }
+        let (call, inputs, outputs) = forward_parts::<T>(sh, e, ptrs)?;
+        Valid::new(call, &inputs, &outputs)
+    }
+}
+
+impl<T: Element> Valid<T, (ForwardPtrs, ForwardWeights)> {
+    /// A forward with the weights the call borrows: inputs too (aligned, on
+    /// the device, not overlapped by an output).
+    pub(super) fn forward_with(sh: StackShape, e: usize, ptrs: ForwardPtrs, w: ForwardWeights) -> Result<Self, Fail> {
+        let (call, mut inputs, outputs) = forward_parts::<T>(sh, e, ptrs)?;
+        let call = call.with_weights(w)?;
+        let [w0, w1, gw] = weight_lens(&sh)?;
+        inputs.extend(weight_tensors::<T>(&[("w0", w.w0, w0), ("w1", w.w1, w1), ("gw", w.gw, gw)])?);
         Valid::new(call, &inputs, &outputs)
     }
 }
@@ -155,18 +211,24 @@ impl<T: Element> Valid<T, ForwardPtrs> {
 impl<T: Element> Valid<T, BackwardPtrs> {
     /// As [`Valid::forward`], for a backward.
     pub(super) fn backward(sh: StackShape, e: usize, ptrs: BackwardPtrs) -> Result<Self, Fail> {
-        let gated = sh.gated() > 0;
-        // Without a gated layer z_all is neither read nor checked.
-        let ptrs = BackwardPtrs { z_all: if gated { ptrs.z_all } else { 0 }, ..ptrs };
-        let call = ptrs.check::<T>(sh, e)?;
-        let (surf, alpha, z_all) = extents::<T>(&sh, e)?;
-        let t = |name, ptr, bytes| Tensor { name, ptr, bytes };
-        let mut inputs =
-            vec![t("grad_out", ptrs.grad_out, surf), t("out", ptrs.out, surf), t("alpha", ptrs.alpha, alpha)];
-        if gated {
-            inputs.push(t("z_all", ptrs.z_all, z_all));
-        }
-        let outputs = [t("grad_u0", ptrs.grad_u0, surf), t("grad_alpha", ptrs.grad_alpha, alpha)];
+        let (call, inputs, outputs) = backward_parts::<T>(sh, e, ptrs)?;
+        Valid::new(call, &inputs, &outputs)
+    }
+}
+
+impl<T: Element> Valid<T, (BackwardPtrs, BackwardWeights)> {
+    /// As [`Valid::forward_with`], for a backward.
+    pub(super) fn backward_with(
+        sh: StackShape,
+        e: usize,
+        ptrs: BackwardPtrs,
+        w: BackwardWeights,
+    ) -> Result<Self, Fail> {
+        let (call, mut inputs, outputs) = backward_parts::<T>(sh, e, ptrs)?;
+        let call = call.with_weights(w)?;
+        let [w0, w1, gw] = weight_lens(&sh)?;
+        let named = [("wt0", w.wt0, w0), ("wt1", w.wt1, w1), ("gw", w.gw, gw), ("gwt", w.gwt, gw)];
+        inputs.extend(weight_tensors::<T>(&named)?);
         Valid::new(call, &inputs, &outputs)
     }
 }
@@ -190,10 +252,7 @@ impl ValidWeights {
     ) -> Result<Self, Fail> {
         let elem = std::mem::size_of::<T>();
         validate_shape::<T>(&Dispatch::builtin(), &sh)?;
-        let lens = match (sh.w0_len(), sh.w1_len(), sh.gw_len()) {
-            (Some(a), Some(b), Some(c)) => [a, b, c],
-            _ => return Err(fail(MIXSTACK_ERR_BAD_SHAPE, "the weight sizes overflow usize")),
-        };
+        let lens = weight_lens(&sh)?;
         let mut tensors = [("w0", w0), ("w1", w1), ("gw", gw)].map(|(name, ptr)| Tensor { name, ptr, bytes: 0 });
         for (t, len) in tensors.iter_mut().zip(lens) {
             t.bytes = bytes_of(len, elem, 0, "weight bytes")?;
@@ -442,5 +501,47 @@ mod tests {
             MIXSTACK_ERR_MISALIGNED,
             &["`z_all`"],
         );
+    }
+
+    fn fwd_w() -> ForwardWeights {
+        ForwardWeights { w0: 8 * GAP, w1: 9 * GAP, gw: 10 * GAP }
+    }
+
+    fn bwd_w() -> BackwardWeights {
+        BackwardWeights { wt0: 8 * GAP, wt1: 9 * GAP, gw: 10 * GAP, gwt: 11 * GAP }
+    }
+
+    #[test]
+    fn borrowed_weights_are_checked_as_inputs() {
+        let v = Valid::<f32, _>::forward_with(SH, E, fwd(), fwd_w()).unwrap();
+        assert_eq!(names(&v.tensors), ["u0", "alpha", "w0", "w1", "gw", "out", "z_all"]);
+        let v = Valid::<f32, _>::backward_with(SH, E, bwd(), bwd_w()).unwrap();
+        assert_eq!(
+            names(&v.tensors),
+            ["grad_out", "out", "alpha", "z_all", "wt0", "wt1", "gw", "gwt", "grad_u0", "grad_alpha"]
+        );
+        // null, misaligned, overlapped by an output
+        for (w, name) in [
+            (ForwardWeights { w0: 0, ..fwd_w() }, "w0"),
+            (ForwardWeights { w1: 0, ..fwd_w() }, "w1"),
+            (ForwardWeights { gw: 0, ..fwd_w() }, "gw"),
+        ] {
+            refused(Valid::<f32, _>::forward_with(SH, E, fwd(), w), MIXSTACK_ERR_NULL_POINTER, &[name]);
+        }
+        for (w, name) in
+            [(BackwardWeights { wt0: 0, ..bwd_w() }, "wt0"), (BackwardWeights { gwt: 0, ..bwd_w() }, "gwt")]
+        {
+            refused(Valid::<f32, _>::backward_with(SH, E, bwd(), w), MIXSTACK_ERR_NULL_POINTER, &[name]);
+        }
+        let w = BackwardWeights { wt1: 9 * GAP + 2, ..bwd_w() };
+        refused(Valid::<f32, _>::backward_with(SH, E, bwd(), w), MIXSTACK_ERR_MISALIGNED, &["wt1"]);
+        let p = ForwardPtrs { out: fwd_w().gw + 16, ..fwd() };
+        refused(Valid::<f32, _>::forward_with(SH, E, p, fwd_w()), MIXSTACK_ERR_BAD_ARGUMENT, &["out", "gw"]);
+        // without a gated layer GW is no tensor of the call: null is fine
+        let sh1 = StackShape { n_layers: 1, ..SH };
+        let v = Valid::<f32, _>::forward_with(sh1, E, fwd(), ForwardWeights { gw: 0, ..fwd_w() }).unwrap();
+        assert_eq!(names(&v.tensors), ["u0", "alpha", "w0", "w1", "out"]);
+        let w = BackwardWeights { gw: 0, gwt: 0, ..bwd_w() };
+        Valid::<f32, _>::backward_with(sh1, E, bwd(), w).unwrap();
     }
 }

@@ -18,9 +18,13 @@ use super::status::{
     MIXSTACK_DTYPE_F64, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY,
 };
 use crate::runtime::device::{driver_present, open_device};
+use crate::runtime::dispatch::Dispatch;
 use crate::runtime::dispatch::Path;
 use crate::runtime::error::MixError;
-use crate::runtime::{BackwardOptions, BackwardPtrs, Element, ForwardPtrs, FusedMode, Stack, StackShape};
+use crate::runtime::stack::validate_shape;
+use crate::runtime::{
+    BackwardOptions, BackwardPtrs, BackwardWeights, Element, ForwardPtrs, ForwardWeights, FusedMode, Stack, StackShape,
+};
 
 // ----------------------------------------------------------------------
 // create / destroy
@@ -113,6 +117,59 @@ pub unsafe extern "C" fn mixstack_stack_create(
     })
 }
 
+fn create_borrowing_typed<T: Element>(
+    device: usize,
+    sh: StackShape,
+    wrap: fn(Stack<T>) -> Inner,
+) -> Result<StackState, Fail> {
+    // The shape first: refused without a driver.
+    validate_shape::<T>(&Dispatch::builtin(), &sh)?;
+    if !driver_present() {
+        return Err(MixError::NoDriver { why: "libcuda could not be loaded".into() }.into());
+    }
+    let _restore = CurrentContext::save();
+    let ctx = open_device(device)?;
+    ctx.bind_to_thread().map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("binding the context: {e}")))?;
+    let stack = Stack::<T>::borrowing(&ctx.default_stream(), sh)?;
+    Ok(StackState { inner: wrap(stack), ctx, device, shape: sh })
+}
+
+/// See `mixstack_stack_create_borrowing` in include/mixstack.h.
+#[no_mangle]
+pub unsafe extern "C" fn mixstack_stack_create_borrowing(
+    dtype: c_int,
+    device: c_int,
+    f: i64,
+    cf: i64,
+    lmax: i64,
+    n_layers: i64,
+    out: *mut *mut mixstack_stack,
+) -> c_int {
+    boundary("mixstack_stack_create_borrowing", || {
+        if out.is_null() {
+            return Err(fail(MIXSTACK_ERR_NULL_POINTER, "`out` (where the handle is stored) is null"));
+        }
+        // SAFETY: non-null out-parameter (caller contract: writable).
+        unsafe { *out = std::ptr::null_mut() };
+        if dtype != MIXSTACK_DTYPE_F32 && dtype != MIXSTACK_DTYPE_F64 {
+            return Err(fail(MIXSTACK_ERR_BAD_DTYPE, format!("unknown dtype code {dtype}: 0 (f32) or 1 (f64)")));
+        }
+        let device = usize::try_from(device)
+            .map_err(|_| fail(MIXSTACK_ERR_BAD_ARGUMENT, format!("device = {device} is negative")))?;
+        let shape =
+            StackShape::new(dim("F", f, 1)?, dim("Cf", cf, 1)?, dim("lmax", lmax, 1)?, dim("n_layers", n_layers, 1)?);
+        let state = if dtype == MIXSTACK_DTYPE_F32 {
+            create_borrowing_typed::<f32>(device, shape, Inner::F32)?
+        } else {
+            create_borrowing_typed::<f64>(device, shape, Inner::F64)?
+        };
+        let h = register(state)?;
+        // SAFETY: as above.
+        unsafe { *out = h };
+        Ok(())
+    })
+}
+
 /// See `mixstack_stack_destroy` in include/mixstack.h. A handle that is not
 /// live (a second destroy, a foreign pointer) frees nothing and records
 /// `MIXSTACK_ERR_INVALID_HANDLE` for [`mixstack_last_error`]; the C function
@@ -184,6 +241,115 @@ fn backward_typed<T: Element>(
     // SAFETY: as in forward_typed.
     unsafe { st.backward_raw(&stream, &v.call, apply_alpha, &opts) }?;
     Ok(())
+}
+
+fn forward_with_typed<T: Element>(
+    s: &StackState,
+    st: &Stack<T>,
+    e: usize,
+    (ptrs, w): (ForwardPtrs, ForwardWeights),
+    apply_alpha: bool,
+    cu_stream: *mut c_void,
+) -> Result<(), Fail> {
+    let v = Valid::<T, _>::forward_with(s.shape, e, ptrs, w)?;
+    let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
+    // SAFETY: as in forward_typed, for the weights too.
+    unsafe { st.forward_raw_with(&stream, &v.call, apply_alpha) }?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_with_typed<T: Element>(
+    s: &StackState,
+    st: &Stack<T>,
+    e: usize,
+    (ptrs, w): (BackwardPtrs, BackwardWeights),
+    apply_alpha: bool,
+    fused: FusedMode,
+    cu_stream: *mut c_void,
+) -> Result<(), Fail> {
+    let v = Valid::<T, _>::backward_with(s.shape, e, ptrs, w)?;
+    let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
+    let opts = BackwardOptions { fused, ..BackwardOptions::default() };
+    // SAFETY: as in forward_typed, for the weights too.
+    unsafe { st.backward_raw_with(&stream, &v.call, apply_alpha, &opts) }?;
+    Ok(())
+}
+
+/// See `mixstack_forward_w` in include/mixstack.h.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mixstack_forward_w(
+    stack: *mut mixstack_stack,
+    e: i64,
+    u0: *const c_void,
+    alpha: *const c_void,
+    apply_alpha: c_int,
+    w0: *const c_void,
+    w1: *const c_void,
+    gw: *const c_void,
+    out: *mut c_void,
+    z_all: *mut c_void,
+    cu_stream: *mut c_void,
+) -> c_int {
+    boundary("mixstack_forward_w", || {
+        let e = edges(e)?;
+        let s = handle(stack)?;
+        if e == 0 {
+            return Ok(());
+        }
+        let ptrs = ForwardPtrs { u0: dptr(u0), alpha: dptr(alpha), out: dptr(out), z_all: dptr(z_all) };
+        let w = ForwardWeights { w0: dptr(w0), w1: dptr(w1), gw: dptr(gw) };
+        let aa = apply_alpha != 0;
+        match &s.inner {
+            Inner::F32(st) => forward_with_typed(&s, st, e, (ptrs, w), aa, cu_stream),
+            Inner::F64(st) => forward_with_typed(&s, st, e, (ptrs, w), aa, cu_stream),
+        }
+    })
+}
+
+/// See `mixstack_backward_w` in include/mixstack.h.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mixstack_backward_w(
+    stack: *mut mixstack_stack,
+    e: i64,
+    grad_out: *const c_void,
+    out: *const c_void,
+    z_all: *const c_void,
+    alpha: *const c_void,
+    apply_alpha: c_int,
+    wt0: *const c_void,
+    wt1: *const c_void,
+    gw: *const c_void,
+    gwt: *const c_void,
+    grad_u0: *mut c_void,
+    grad_alpha: *mut c_void,
+    path: c_int,
+    cu_stream: *mut c_void,
+) -> c_int {
+    boundary("mixstack_backward_w", || {
+        let mode = path_mode(path)?;
+        let e = edges(e)?;
+        let s = handle(stack)?;
+        if e == 0 {
+            return Ok(());
+        }
+        let ptrs = BackwardPtrs {
+            grad_out: dptr(grad_out),
+            out: dptr(out),
+            z_all: dptr(z_all),
+            alpha: dptr(alpha),
+            grad_u0: dptr(grad_u0),
+            grad_alpha: dptr(grad_alpha),
+        };
+        let w = BackwardWeights { wt0: dptr(wt0), wt1: dptr(wt1), gw: dptr(gw), gwt: dptr(gwt) };
+        let aa = apply_alpha != 0;
+        match &s.inner {
+            Inner::F32(st) => backward_with_typed(&s, st, e, (ptrs, w), aa, mode, cu_stream),
+            Inner::F64(st) => backward_with_typed(&s, st, e, (ptrs, w), aa, mode, cu_stream),
+        }
+    })
 }
 
 /// See `mixstack_forward` in include/mixstack.h.

@@ -10,8 +10,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::runtime::error::MixError;
 
 /// Version of the C ABI (`mixstack_abi_version`); bumped on any change of a
-/// signature, a status code or a layout.
-pub const MIXSTACK_ABI_VERSION: c_int = 1;
+/// signature, a status code or a layout. 2: stacks that borrow their
+/// weights, and calls that pass them (`mixstack_stack_create_borrowing`,
+/// `mixstack_forward_w`, `mixstack_backward_w`); version 1's functions are
+/// unchanged.
+pub const MIXSTACK_ABI_VERSION: c_int = 2;
 
 /// Status codes of the C functions (`mixstack_status` in the header).
 #[repr(C)]
@@ -115,7 +118,8 @@ pub fn status_of(e: &MixError) -> mixstack_status {
         MixError::BadOverride { .. }
         | MixError::InvalidSwitch { .. }
         | MixError::ContextMismatch { .. }
-        | MixError::ScratchCap { .. } => MIXSTACK_ERR_BAD_ARGUMENT,
+        | MixError::ScratchCap { .. }
+        | MixError::NoWeights => MIXSTACK_ERR_BAD_ARGUMENT,
         MixError::NoDriver { .. } | MixError::Driver { .. } | MixError::Blas { .. } => MIXSTACK_ERR_CUDA,
         MixError::SharedMemory { .. } => MIXSTACK_ERR_UNSUPPORTED,
         MixError::TableInconsistent { .. } | MixError::PlanInconsistent { .. } => MIXSTACK_ERR_INTERNAL,

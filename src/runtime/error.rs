@@ -112,6 +112,10 @@ pub enum MixError {
     #[error("the scratch cap of {cap} bytes is below one edge's scratch ({row_bytes} bytes): raise it (MIXSTACK_SCRATCH_CAP or Stack::set_scratch_cap)")]
     ScratchCap { cap: u64, row_bytes: u64 },
 
+    /// A call without weights on a stack that holds none.
+    #[error("this stack holds no weights (made to borrow them): pass the weights with the call")]
+    NoWeights,
+
     /// A call's plan addresses a buffer the call does not have (a bug,
     /// reported, not assumed).
     #[error("the call's plan is inconsistent: {why}")]

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::element::Element;
 use super::error::{DriverContext, MixError};
@@ -15,18 +15,17 @@ use super::launch::Kernels;
 use super::memory::{raw_ptr, Tracker};
 use super::plan::{Addr, Buf, GateOp, Plan, Step};
 use super::shape::StackShape;
-use super::weights::Weights;
 
-/// What a plan runs on: one stack's shape, weights, kernels and cuBLAS (or
-/// why there is none).
-pub(crate) struct Env<'a, T> {
+/// What a plan runs on: one stack's shape, kernels and cuBLAS (or why there
+/// is none).
+pub(crate) struct Env<'a> {
     pub shape: StackShape,
-    pub weights: &'a Weights<T>,
     pub kernels: &'a Kernels,
     pub gate_blas: Result<&'a GateBlas, &'a String>,
 }
 
-/// The caller's buffers of one call (0 where the call has none).
+/// The buffers of one call (0 where the call has none): the caller's
+/// tensors and the weights (the stack's own, or borrowed for the call).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Io {
     pub u0: CUdeviceptr,
@@ -36,6 +35,12 @@ pub(crate) struct Io {
     pub grad_out: CUdeviceptr,
     pub grad_u0: CUdeviceptr,
     pub grad_alpha: CUdeviceptr,
+    pub w0: CUdeviceptr,
+    pub w1: CUdeviceptr,
+    pub wt0: CUdeviceptr,
+    pub wt1: CUdeviceptr,
+    pub gw: CUdeviceptr,
+    pub gwt: CUdeviceptr,
 }
 
 /// A pitched device-to-device copy of `height` rows of `width` bytes.
@@ -75,18 +80,9 @@ pub(crate) fn run_plan<T: Element>(
     stream: &Arc<CudaStream>,
     plan: &Plan,
     io: &Io,
-    env: &Env<'_, T>,
+    env: &Env<'_>,
     tr: &mut Tracker<'_>,
 ) -> Result<(), MixError> {
-    // Weight guards live until every step is enqueued, so their read
-    // events are recorded after the kernels that read them.
-    let (w0, _g0) = env.weights.w0.device_ptr(stream);
-    let (w1, _g1) = env.weights.w1.device_ptr(stream);
-    let (wt0, _g2) = env.weights.wt0.device_ptr(stream);
-    let (wt1, _g3) = env.weights.wt1.device_ptr(stream);
-    let gw_guard = env.weights.gw.as_ref().map(|g| g.device_ptr(stream));
-    let gwt_guard = env.weights.gwt.as_ref().map(|g| g.device_ptr(stream));
-    let (gw, gwt) = (gw_guard.as_ref().map_or(0, |(p, _)| *p), gwt_guard.as_ref().map_or(0, |(p, _)| *p));
     let mut scratch: Vec<Option<CudaSlice<T>>> = plan.scratch.iter().map(|_| None).collect();
     let mut at: Vec<CUdeviceptr> = vec![0; plan.scratch.len()];
     let resolve = |a: &Addr, at: &[CUdeviceptr]| -> Result<CUdeviceptr, MixError> {
@@ -98,12 +94,12 @@ pub(crate) fn run_plan<T: Element>(
             Buf::GradOut => io.grad_out,
             Buf::GradU0 => io.grad_u0,
             Buf::GradAlpha => io.grad_alpha,
-            Buf::W0 => w0,
-            Buf::W1 => w1,
-            Buf::Wt0 => wt0,
-            Buf::Wt1 => wt1,
-            Buf::Gw => gw,
-            Buf::Gwt => gwt,
+            Buf::W0 => io.w0,
+            Buf::W1 => io.w1,
+            Buf::Wt0 => io.wt0,
+            Buf::Wt1 => io.wt1,
+            Buf::Gw => io.gw,
+            Buf::Gwt => io.gwt,
             Buf::Scratch(i) => at.get(i).copied().unwrap_or(0),
         };
         if base == 0 {

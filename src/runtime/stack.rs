@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::chunk::{Chunking, ScratchCap};
 use super::dispatch::{
@@ -120,6 +120,30 @@ impl<T, P> Checked<T, P> {
     }
 }
 
+impl<T> Checked<T, ForwardPtrs> {
+    /// These buffers with the weights the call borrows, checked for the same
+    /// shape (non-null where it needs them).
+    pub fn with_weights(self, weights: ForwardWeights) -> Result<Checked<T, (ForwardPtrs, ForwardWeights)>, MixError> {
+        if self.e > 0 {
+            weights.check(&self.shape)?;
+        }
+        Ok(Checked { shape: self.shape, e: self.e, ptrs: (self.ptrs, weights), elem: PhantomData })
+    }
+}
+
+impl<T> Checked<T, BackwardPtrs> {
+    /// As [`Checked::<T, ForwardPtrs>::with_weights`].
+    pub fn with_weights(
+        self,
+        weights: BackwardWeights,
+    ) -> Result<Checked<T, (BackwardPtrs, BackwardWeights)>, MixError> {
+        if self.e > 0 {
+            weights.check(&self.shape)?;
+        }
+        Ok(Checked { shape: self.shape, e: self.e, ptrs: (self.ptrs, weights), elem: PhantomData })
+    }
+}
+
 impl ForwardPtrs {
     /// Check these buffers for a forward of `e` edges on a stack of `shape`
     /// and element `T` (`z_all` only when the shape has a gated layer).
@@ -155,6 +179,63 @@ impl BackwardPtrs {
     }
 }
 
+/// Device weights one call borrows instead of the stack's own (layouts of
+/// [`Stack::new`]): the forward reads W0, W1 and GW.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardWeights {
+    /// (n_layers, F, M0, M0)
+    pub w0: CUdeviceptr,
+    /// (n_layers, F, M1, M1)
+    pub w1: CUdeviceptr,
+    /// (n_layers-1, F, Cf, LG); may be 0 when n_layers == 1
+    pub gw: CUdeviceptr,
+}
+
+/// Device weights one backward call borrows: the transposes it reads,
+/// wt[k][f][o][i] = W[k][f][i][o] and gwt[k][f][c][j] = GW[k][f][j][c], and GW.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardWeights {
+    /// (n_layers, F, M0, M0), transposed blocks
+    pub wt0: CUdeviceptr,
+    /// (n_layers, F, M1, M1), transposed blocks
+    pub wt1: CUdeviceptr,
+    /// (n_layers-1, F, Cf, LG); may be 0 when n_layers == 1
+    pub gw: CUdeviceptr,
+    /// (n_layers-1, F, LG, Cf); may be 0 when n_layers == 1
+    pub gwt: CUdeviceptr,
+}
+
+impl ForwardWeights {
+    /// Every pointer the shape needs is non-null.
+    fn check(&self, shape: &StackShape) -> Result<(), MixError> {
+        nonnull(self.w0, "w0")?;
+        nonnull(self.w1, "w1")?;
+        if shape.gated() > 0 {
+            nonnull(self.gw, "gw")?;
+        }
+        Ok(())
+    }
+    fn bind(&self, io: &mut Io) {
+        (io.w0, io.w1, io.gw) = (self.w0, self.w1, self.gw);
+    }
+}
+
+impl BackwardWeights {
+    /// Every pointer the shape needs is non-null.
+    fn check(&self, shape: &StackShape) -> Result<(), MixError> {
+        nonnull(self.wt0, "wt0")?;
+        nonnull(self.wt1, "wt1")?;
+        if shape.gated() > 0 {
+            nonnull(self.gw, "gw")?;
+            nonnull(self.gwt, "gwt")?;
+        }
+        Ok(())
+    }
+    fn bind(&self, io: &mut Io) {
+        (io.wt0, io.wt1, io.gw, io.gwt) = (self.wt0, self.wt1, self.gw, self.gwt);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -172,8 +253,9 @@ pub struct Stack<T: Element> {
     ctx: Arc<CudaContext>,
     shape: StackShape,
     dispatch: Dispatch<'static>,
-    /// W0, W1, GW and their transposes, on the device (weights.rs).
-    weights: Weights<T>,
+    /// W0, W1, GW and their transposes, on the device (weights.rs); `None`
+    /// for a stack that borrows the weights of each call.
+    weights: Option<Weights<T>>,
     kernels: Kernels,
     /// Scratch and outputs of every call come from here (kept mapped).
     pool: Option<ScratchPool>,
@@ -215,20 +297,47 @@ impl<T: Element> Stack<T> {
         w1: &[T],
         gw: &[T],
     ) -> Result<Self, MixError> {
-        // Dispatch only what fits this device's shared memory at this lmax.
-        let ctx = stream.context().clone();
+        let dispatch = Self::device_dispatch(stream, dispatch, &shape)?;
+        let weights = Weights::upload(stream, &shape, w0, w1, gw)?;
+        Self::build(stream, dispatch, shape, Some(weights))
+    }
+
+    /// A stack that holds no weights: every call borrows them
+    /// ([`Stack::forward_raw_with`], [`Stack::backward_raw_with`]), as a
+    /// model that assembles its weights from live parameters passes them.
+    pub fn borrowing(stream: &Arc<CudaStream>, shape: StackShape) -> Result<Self, MixError> {
+        let dispatch = Self::device_dispatch(stream, Dispatch::builtin(), &shape)?;
+        Self::build(stream, dispatch, shape, None)
+    }
+
+    /// `dispatch` limited to the device's opt-in shared memory (unless it
+    /// has a limit already), and the shape checked against it.
+    fn device_dispatch(
+        stream: &Arc<CudaStream>,
+        dispatch: Dispatch<'static>,
+        shape: &StackShape,
+    ) -> Result<Dispatch<'static>, MixError> {
         let dispatch = match dispatch.smem_limit() {
             Some(_) => dispatch,
             None => {
-                let optin = ctx
+                let optin = stream
+                    .context()
                     .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
                     .during(|| "querying the opt-in shared memory limit".into())?;
                 dispatch.with_smem_limit(Some(optin.max(0) as u64))
             }
         };
-        validate_shape::<T>(&dispatch, &shape)?;
-        let weights = Weights::upload(stream, &shape, w0, w1, gw)?;
+        validate_shape::<T>(&dispatch, shape)?;
+        Ok(dispatch)
+    }
 
+    fn build(
+        stream: &Arc<CudaStream>,
+        dispatch: Dispatch<'static>,
+        shape: StackShape,
+        weights: Option<Weights<T>>,
+    ) -> Result<Self, MixError> {
+        let ctx = stream.context().clone();
         let gate_blas = plan::gate_blas_eligible(&dispatch, &shape, T::DTYPE).and_then(|()| GateBlas::new(stream));
 
         let device_bytes = ctx.total_mem().during(|| "querying the device's memory".into())? as u64;
@@ -294,7 +403,7 @@ impl<T: Element> Stack<T> {
     }
     /// Device bytes held by the stack itself: W0, W1, GW and their transposes.
     pub fn weight_bytes(&self) -> u64 {
-        self.weights.bytes()
+        self.weights.as_ref().map_or(0, Weights::bytes)
     }
 
     /// Path decision of the last backward call (`None` before the first).
@@ -414,7 +523,7 @@ impl<T: Element> Stack<T> {
             let (p_out, _s2) = out.device_ptr_mut(stream);
             let (p_z, _s3) = z_all.device_ptr_mut(stream);
             let ptrs = ForwardPtrs { u0: p_u0, alpha: p_alpha, out: p_out, z_all: p_z };
-            self.forward_core(stream, e, &ptrs, apply_alpha, tiles, &mut tr)?;
+            self.forward_core(stream, e, &ptrs, None, apply_alpha, tiles, &mut tr)?;
         }
         *lock(&self.last_forward) = Some(tr.finish());
         Ok((out, z_all))
@@ -467,7 +576,7 @@ impl<T: Element> Stack<T> {
                 grad_u0: p_gu,
                 grad_alpha: p_ga,
             };
-            self.backward_core(stream, e, &ptrs, apply_alpha, &plan, &mut tr)?;
+            self.backward_core(stream, e, &ptrs, None, apply_alpha, &plan, &mut tr)?;
         }
         *lock(&self.last_backward) = Some(tr.finish());
         Ok((grad_u0, grad_alpha, plan.decision))
@@ -492,12 +601,48 @@ impl<T: Element> Stack<T> {
         call: &Checked<T, ForwardPtrs>,
         apply_alpha: bool,
     ) -> Result<(), MixError> {
+        // SAFETY: the caller's contract, as documented above.
+        unsafe { self.forward_raw_inner(stream, call, None, apply_alpha) }
+    }
+
+    /// [`Stack::forward_raw`] with the weights of this call (a stack made
+    /// with [`Stack::borrowing`] has no others; another stack uses these
+    /// instead of its own).
+    ///
+    /// # Safety
+    /// As [`Stack::forward_raw`], and every weight pointer addresses device
+    /// memory of this context of the size its [`ForwardWeights`] field
+    /// documents, unchanged until the enqueued work completes.
+    pub unsafe fn forward_raw_with(
+        &self,
+        stream: &Arc<CudaStream>,
+        call: &Checked<T, (ForwardPtrs, ForwardWeights)>,
+        apply_alpha: bool,
+    ) -> Result<(), MixError> {
+        let (ptrs, weights) = call.ptrs;
+        let (ptrs, weights) = if call.shape == self.shape {
+            (Checked { shape: call.shape, e: call.e, ptrs, elem: PhantomData }, weights)
+        } else {
+            weights.check(&self.shape)?;
+            (ptrs.check(self.shape, call.e)?, weights)
+        };
+        // SAFETY: the caller's contract, as documented above.
+        unsafe { self.forward_raw_inner(stream, &ptrs, Some(&weights), apply_alpha) }
+    }
+
+    unsafe fn forward_raw_inner(
+        &self,
+        stream: &Arc<CudaStream>,
+        call: &Checked<T, ForwardPtrs>,
+        weights: Option<&ForwardWeights>,
+        apply_alpha: bool,
+    ) -> Result<(), MixError> {
         self.check_stream(stream)?;
         // Checked for another shape (another stack's): check for this one.
         let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if call.e > 0 {
-            self.forward_core(stream, call.e, &call.ptrs, apply_alpha, &TileOverride::new(), &mut tr)?;
+            self.forward_core(stream, call.e, &call.ptrs, weights, apply_alpha, &TileOverride::new(), &mut tr)?;
         }
         *lock(&self.last_forward) = Some(tr.finish());
         Ok(())
@@ -515,6 +660,41 @@ impl<T: Element> Stack<T> {
         apply_alpha: bool,
         opts: &BackwardOptions,
     ) -> Result<PathDecision, MixError> {
+        // SAFETY: the caller's contract, as documented above.
+        unsafe { self.backward_raw_inner(stream, call, None, apply_alpha, opts) }
+    }
+
+    /// [`Stack::backward_raw`] with the weights of this call, as
+    /// [`Stack::forward_raw_with`].
+    ///
+    /// # Safety
+    /// As [`Stack::forward_raw_with`], for the fields of [`BackwardWeights`].
+    pub unsafe fn backward_raw_with(
+        &self,
+        stream: &Arc<CudaStream>,
+        call: &Checked<T, (BackwardPtrs, BackwardWeights)>,
+        apply_alpha: bool,
+        opts: &BackwardOptions,
+    ) -> Result<PathDecision, MixError> {
+        let (ptrs, weights) = call.ptrs;
+        let (ptrs, weights) = if call.shape == self.shape {
+            (Checked { shape: call.shape, e: call.e, ptrs, elem: PhantomData }, weights)
+        } else {
+            weights.check(&self.shape)?;
+            (ptrs.check(self.shape, call.e)?, weights)
+        };
+        // SAFETY: the caller's contract, as documented above.
+        unsafe { self.backward_raw_inner(stream, &ptrs, Some(&weights), apply_alpha, opts) }
+    }
+
+    unsafe fn backward_raw_inner(
+        &self,
+        stream: &Arc<CudaStream>,
+        call: &Checked<T, BackwardPtrs>,
+        weights: Option<&BackwardWeights>,
+        apply_alpha: bool,
+        opts: &BackwardOptions,
+    ) -> Result<PathDecision, MixError> {
         self.check_stream(stream)?;
         // As in forward_raw.
         let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
@@ -522,7 +702,7 @@ impl<T: Element> Stack<T> {
         *lock(&self.last_path) = Some(plan.decision);
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if call.e > 0 {
-            self.backward_core(stream, call.e, &call.ptrs, apply_alpha, &plan, &mut tr)?;
+            self.backward_core(stream, call.e, &call.ptrs, weights, apply_alpha, &plan, &mut tr)?;
         }
         *lock(&self.last_backward) = Some(tr.finish());
         Ok(plan.decision)
@@ -580,37 +760,53 @@ impl<T: Element> Stack<T> {
     }
 
     /// What a plan runs on: this stack's weights, kernels and cuBLAS.
-    fn exec_env(&self) -> Env<'_, T> {
-        Env { shape: self.shape, weights: &self.weights, kernels: &self.kernels, gate_blas: self.gate_blas.as_ref() }
+    fn exec_env(&self) -> Env<'_> {
+        Env { shape: self.shape, kernels: &self.kernels, gate_blas: self.gate_blas.as_ref() }
     }
 
+    /// The stack's own weights into `io` (guards to keep until the work is
+    /// enqueued), or the error of a stack that borrows them.
+    fn own_weights<'a>(&'a self, stream: &'a CudaStream, io: &mut Io) -> Result<Vec<SyncOnDrop<'a>>, MixError> {
+        let w = self.weights.as_ref().ok_or(MixError::NoWeights)?;
+        Ok(w.bind(stream, io))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn forward_core(
         &self,
         stream: &Arc<CudaStream>,
         e: usize,
         p: &ForwardPtrs,
+        weights: Option<&ForwardWeights>,
         apply_alpha: bool,
         tiles: &TileOverride,
         tr: &mut Tracker<'_>,
     ) -> Result<(), MixError> {
+        let mut io = Io { u0: p.u0, alpha: p.alpha, out: p.out, z_all: p.z_all, ..Io::default() };
+        let _guards = match weights {
+            Some(w) => {
+                w.bind(&mut io);
+                Vec::new()
+            }
+            None => self.own_weights(stream, &mut io)?,
+        };
         let plan = self.forward_plan(e, apply_alpha, tiles)?;
         *lock(&self.last_forward_chunking) = Some(plan.chunking);
-        let io = Io { u0: p.u0, alpha: p.alpha, out: p.out, z_all: p.z_all, ..Io::default() };
-        exec::run_plan(stream, &plan, &io, &self.exec_env(), tr)
+        exec::run_plan::<T>(stream, &plan, &io, &self.exec_env(), tr)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn backward_core(
         &self,
         stream: &Arc<CudaStream>,
         e: usize,
         p: &BackwardPtrs,
+        weights: Option<&BackwardWeights>,
         apply_alpha: bool,
         choice: &BackwardChoice,
         tr: &mut Tracker<'_>,
     ) -> Result<(), MixError> {
-        let plan = self.planner().backward(e, apply_alpha, choice, &self.machine()?)?;
-        *lock(&self.last_backward_chunking) = Some(plan.chunking);
-        let io = Io {
+        let mut io = Io {
             grad_out: p.grad_out,
             out: p.out,
             z_all: p.z_all,
@@ -619,7 +815,16 @@ impl<T: Element> Stack<T> {
             grad_alpha: p.grad_alpha,
             ..Io::default()
         };
-        exec::run_plan(stream, &plan, &io, &self.exec_env(), tr)
+        let _guards = match weights {
+            Some(w) => {
+                w.bind(&mut io);
+                Vec::new()
+            }
+            None => self.own_weights(stream, &mut io)?,
+        };
+        let plan = self.planner().backward(e, apply_alpha, choice, &self.machine()?)?;
+        *lock(&self.last_backward_chunking) = Some(plan.chunking);
+        exec::run_plan::<T>(stream, &plan, &io, &self.exec_env(), tr)
     }
 }
 

@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 
 use super::element::Element;
 use super::error::{check_len, DriverContext, MixError, ShapeParam};
+use super::exec::Io;
 use super::shape::StackShape;
 
 /// W0 (n_layers, F, M0, M0), W1 (n_layers, F, M1, M1), GW (n_layers-1, F,
@@ -55,6 +57,27 @@ impl<T: Element> Weights<T> {
         };
         stream.synchronize().during(|| "waiting for the weight upload".into())?;
         Ok(weights)
+    }
+
+    /// Their addresses into `io`, with the guards that order the stream's
+    /// reads against the buffers' lifetime (keep them until the work is
+    /// enqueued).
+    pub fn bind<'a>(&'a self, stream: &'a CudaStream, io: &mut Io) -> Vec<SyncOnDrop<'a>> {
+        let mut guards = Vec::with_capacity(6);
+        let mut at = |buf: &'a CudaSlice<T>, dst: &mut CUdeviceptr| {
+            let (p, g) = buf.device_ptr(stream);
+            *dst = p;
+            guards.push(g);
+        };
+        at(&self.w0, &mut io.w0);
+        at(&self.w1, &mut io.w1);
+        at(&self.wt0, &mut io.wt0);
+        at(&self.wt1, &mut io.wt1);
+        if let (Some(gw), Some(gwt)) = (&self.gw, &self.gwt) {
+            at(gw, &mut io.gw);
+            at(gwt, &mut io.gwt);
+        }
+        guards
     }
 
     /// Device bytes: W0, W1, GW and their transposes.
