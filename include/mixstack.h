@@ -63,7 +63,7 @@ extern "C" {
 
 /* Version of this ABI; mixstack_abi_version() returns it. 2 added stacks that borrow
  * their weights (mixstack_stack_create_borrowing, mixstack_forward_w,
- * mixstack_backward_w); version 1's functions are unchanged. */
+ * mixstack_backward_w) and mixstack_supports; version 1's functions are unchanged. */
 #define MIXSTACK_ABI_VERSION 2
 
 /* Status codes. */
@@ -115,6 +115,11 @@ int mixstack_forward(mixstack_stack* stack, int64_t e, const void* u0, const voi
 int mixstack_backward(mixstack_stack* stack, int64_t e, const void* grad_out, const void* out,
                       const void* z_all, const void* alpha, int apply_alpha, void* grad_u0,
                       void* grad_alpha, int path, void* cu_stream);
+
+/* Whether the build serves a stack of dtype and shape (f, cf, lmax, n_layers): MIXSTACK_OK,
+ * or MIXSTACK_ERR_BAD_SHAPE / MIXSTACK_ERR_BAD_DTYPE with the reason for
+ * mixstack_last_error(). Reads the kernel table only: no driver, no device. */
+int mixstack_supports(int dtype, int64_t f, int64_t cf, int64_t lmax, int64_t n_layers);
 
 /* A stack that holds no weights (shape and kernels only): each call passes them, as a
  * model that assembles its weights from live parameters does. mixstack_forward and

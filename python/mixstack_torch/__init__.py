@@ -10,9 +10,9 @@ python/README.md. The library part (``library_path``, ``abi_version``)
 imports without torch; the op needs torch.
 """
 
-from ._lib import ABI_VERSION, PATHS, MixstackError, abi_version, library_path
+from ._lib import ABI_VERSION, PATHS, MixstackError, abi_version, library_path, supports
 
-__all__ = ["ABI_VERSION", "PATHS", "MixstackError", "abi_version", "library_path"]
+__all__ = ["ABI_VERSION", "PATHS", "MixstackError", "abi_version", "library_path", "supports"]
 
 try:
     import torch  # noqa: F401

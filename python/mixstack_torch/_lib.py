@@ -89,6 +89,8 @@ def _load():
         lib.mixstack_stack_create.restype = c_int
         lib.mixstack_stack_create_borrowing.argtypes = [c_int, c_int, c_i64, c_i64, c_i64, c_i64, ctypes.POINTER(c_vp)]
         lib.mixstack_stack_create_borrowing.restype = c_int
+        lib.mixstack_supports.argtypes = [c_int, c_i64, c_i64, c_i64, c_i64]
+        lib.mixstack_supports.restype = c_int
         lib.mixstack_forward_w.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp]
         lib.mixstack_forward_w.restype = c_int
         lib.mixstack_backward_w.argtypes = [
@@ -130,3 +132,21 @@ def _check(status, func):
 def abi_version():
     """The ABI version of the loaded library (checked against ABI_VERSION at load)."""
     return _load().mixstack_abi_version()
+
+
+_DTYPE_CODES = {"float32": 0, "float64": 1}
+
+
+def supports(dtype, f, cf, lmax, n_layers):
+    """``(True, "")`` if the build serves a stack of this dtype ("float32" /
+    "float64", or a torch dtype) and shape, else ``(False, reason)``. Reads the
+    kernel table only: no GPU needed."""
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPE_CODES:
+        return False, f"dtype {dtype}: mixstack serves float32 and float64"
+    lib = _load()
+    status = lib.mixstack_supports(_DTYPE_CODES[name], int(f), int(cf), int(lmax), int(n_layers))
+    if status == 0:
+        return True, ""
+    msg = lib.mixstack_last_error()
+    return False, (msg.decode("utf-8", "replace") if msg else _STATUS.get(status, f"status {status}"))

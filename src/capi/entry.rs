@@ -170,6 +170,21 @@ pub unsafe extern "C" fn mixstack_stack_create_borrowing(
     })
 }
 
+/// See `mixstack_supports` in include/mixstack.h.
+#[no_mangle]
+pub unsafe extern "C" fn mixstack_supports(dtype: c_int, f: i64, cf: i64, lmax: i64, n_layers: i64) -> c_int {
+    boundary("mixstack_supports", || {
+        let shape =
+            StackShape::new(dim("F", f, 1)?, dim("Cf", cf, 1)?, dim("lmax", lmax, 1)?, dim("n_layers", n_layers, 1)?);
+        match dtype {
+            MIXSTACK_DTYPE_F32 => validate_shape::<f32>(&Dispatch::builtin(), &shape)?,
+            MIXSTACK_DTYPE_F64 => validate_shape::<f64>(&Dispatch::builtin(), &shape)?,
+            _ => return Err(fail(MIXSTACK_ERR_BAD_DTYPE, format!("unknown dtype code {dtype}: 0 (f32) or 1 (f64)"))),
+        }
+        Ok(())
+    })
+}
+
 /// See `mixstack_stack_destroy` in include/mixstack.h. A handle that is not
 /// live (a second destroy, a foreign pointer) frees nothing and records
 /// `MIXSTACK_ERR_INVALID_HANDLE` for [`mixstack_last_error`]; the C function

@@ -12,8 +12,8 @@ use crate::runtime::error::MixError;
 /// Version of the C ABI (`mixstack_abi_version`); bumped on any change of a
 /// signature, a status code or a layout. 2: stacks that borrow their
 /// weights, and calls that pass them (`mixstack_stack_create_borrowing`,
-/// `mixstack_forward_w`, `mixstack_backward_w`); version 1's functions are
-/// unchanged.
+/// `mixstack_forward_w`, `mixstack_backward_w`) and `mixstack_supports`;
+/// version 1's functions are unchanged.
 pub const MIXSTACK_ABI_VERSION: c_int = 2;
 
 /// Status codes of the C functions (`mixstack_status` in the header).

@@ -1,0 +1,175 @@
+"""Run DeePMD-kit's SeZM / DPA4 mixing stacks on mixstack.
+
+    import mixstack_torch.deepmd
+    mixstack_torch.deepmd.install(path="relay")   # or "fused", "auto"; before the model is built
+    # ... build or load the DeePMD-kit model (DP_TRITON_INFER=2) and evaluate it
+
+or, with no code change, set ``MIXSTACK_DEEPMD=relay`` (``fused``, ``auto``)
+in the environment: DeePMD-kit loads this package's ``deepmd.pt`` /
+``deepmd.pt_expt`` entry point when it imports its backend, and the switch
+installs the drop-in then.
+
+DeePMD-kit's value path (``deepmd.kernels.triton.sezm.so2_value_path``) takes
+its stack op from the module-level name ``_mixing_stack_op`` when each SO(2)
+convolution's value path is constructed. :func:`install` points that name at
+:func:`stack_op`, which has the upstream op's signature and runs
+``mixstack::stack`` (eager, ``torch.compile``, ``make_fx``, ``torch.export``:
+it is a ``torch.library`` op with fake kernels and autograd). The rotation
+kernels around the stack stay DeePMD-kit's. Nothing of DeePMD-kit is copied.
+
+Where mixstack does not serve a call, :func:`stack_op` runs upstream's op
+instead and says so once per reason (a ``UserWarning``, and
+:func:`fallbacks`): tensors not on CUDA (DeePMD-kit traces on the CPU when it
+freezes a model), a dtype or shape outside mixstack's build.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import warnings
+
+import torch
+
+from . import ops  # noqa: F401  (registers mixstack::stack)
+from ._lib import PATHS, supports
+
+UPSTREAM_MODULE = "deepmd.kernels.triton.sezm.so2_value_path"
+UPSTREAM_NAME = "_mixing_stack_op"
+ENV = "MIXSTACK_DEEPMD"
+
+_lock = threading.Lock()
+_upstream = None  # the op install() replaced
+_path = None
+_fallbacks = {}  # reason -> count
+
+
+def _say(reason):
+    with _lock:
+        first = reason not in _fallbacks
+        _fallbacks[reason] = _fallbacks.get(reason, 0) + 1
+    if first:
+        warnings.warn(f"mixstack drop-in: upstream's stack op runs: {reason}", stacklevel=3)
+
+
+def fallbacks():
+    """``{reason: calls}`` of the calls :func:`stack_op` gave to upstream's op."""
+    with _lock:
+        return dict(_fallbacks)
+
+
+def _refusal(u0, w0_all, lmax, focus_dim):
+    """Why mixstack does not serve this call (None: it does). Decided from
+    static properties only, so the same branch is taken under tracing."""
+    if u0.device.type != "cuda":
+        return f"tensors on {u0.device.type} (mixstack runs on CUDA)"
+    F, n_layers = u0.shape[0], w0_all.shape[0]
+    ok, why = supports(u0.dtype, int(F), int(focus_dim), int(lmax), int(n_layers))
+    return None if ok else why
+
+
+def stack_op(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha):
+    """Upstream's ``sezm_triton::so2_mixing_stack`` signature on mixstack:
+    ``(x_local (E, F, ROW), z_all (n_layers-1, F, E, ROW))``."""
+    why = _refusal(u0, w0_all, lmax, focus_dim)
+    if why is not None:
+        if _upstream is None:
+            raise ValueError(f"mixstack drop-in: {why}, and no upstream op to fall back to (install() was not called)")
+        _say(why)
+        return _upstream(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha)
+    return torch.ops.mixstack.stack(
+        u0, alpha, w0_all, w1_all, gw_all, int(lmax), int(focus_dim), bool(apply_alpha), _path or "auto"
+    )
+
+
+def install(path="auto"):
+    """Point DeePMD-kit's value path at mixstack's stack (``path``: the
+    backward, "relay", "fused" or "auto" = the ``MIXSTACK_STACK_BWD_FUSED``
+    switch). Takes effect for models built afterwards. Returns the op it
+    replaced."""
+    global _upstream, _path
+    if path not in PATHS:
+        raise ValueError(f"mixstack drop-in: path must be one of {sorted(PATHS)}, got {path!r}")
+    mod = importlib.import_module(UPSTREAM_MODULE)
+    with _lock:
+        current = getattr(mod, UPSTREAM_NAME)
+        if current is not stack_op:
+            _upstream = current
+        _path = path
+        setattr(mod, UPSTREAM_NAME, stack_op)
+    return _upstream
+
+
+def uninstall():
+    """Restore upstream's op (for models built afterwards)."""
+    global _path
+    mod = sys.modules.get(UPSTREAM_MODULE)
+    with _lock:
+        if mod is not None and getattr(mod, UPSTREAM_NAME, None) is stack_op and _upstream is not None:
+            setattr(mod, UPSTREAM_NAME, _upstream)
+        _path = None
+
+
+def installed():
+    """The backward path the drop-in runs with, or None when not installed."""
+    mod = sys.modules.get(UPSTREAM_MODULE)
+    if mod is None or getattr(mod, UPSTREAM_NAME, None) is not stack_op:
+        return None
+    return _path
+
+
+# ----------------------------------------------------------------------
+# the environment switch (read when DeePMD-kit loads its plugins)
+# ----------------------------------------------------------------------
+
+
+class _AfterImport:
+    """Install the drop-in right after DeePMD-kit's value-path module is
+    imported (DeePMD-kit loads plugins while it is still importing itself, so
+    the module may not exist yet)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def find_spec(self, name, import_path=None, target=None):
+        if name != UPSTREAM_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, hook = spec.loader, self
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                if hook in sys.meta_path:
+                    sys.meta_path.remove(hook)
+                install(hook.path)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def from_environment():
+    """Install the drop-in if ``MIXSTACK_DEEPMD`` asks for it: at once when
+    DeePMD-kit's value path is imported already, else right after it is."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("", "0", "off", "no", "false"):
+        return None
+    path = {"1": "auto", "on": "auto", "yes": "auto", "true": "auto"}.get(value, value)
+    if path not in PATHS:
+        raise ValueError(f"{ENV}={value!r}: expected relay, fused, auto (or 1/on), or unset/0/off")
+    if UPSTREAM_MODULE in sys.modules:
+        install(path)
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(path))
+    return path

@@ -1,0 +1,132 @@
+"""The DeePMD-kit drop-in (mixstack_torch.deepmd) against a stand-in of
+DeePMD-kit's value-path module, without a GPU or DeePMD-kit: install /
+uninstall swap the module-level stack op, calls mixstack does not serve go to
+upstream's op and say so, and ``MIXSTACK_DEEPMD`` installs the drop-in when
+the module is imported after the plugin (DeePMD-kit's load order).
+
+    python3 python/tests/test_deepmd_dropin_cpu.py    # or under pytest
+
+Without torch it prints SKIP and exits 0. The real model end to end needs a
+GPU and DeePMD-kit.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.join(HERE, "..")
+sys.path.insert(0, PKG)
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+STUB = '''
+calls = []
+
+
+def upstream(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha):
+    calls.append((tuple(u0.shape), lmax, focus_dim, apply_alpha))
+    return "upstream-out", "upstream-z"
+
+
+_mixing_stack_op = upstream
+'''
+
+
+def _stub_tree():
+    root = tempfile.mkdtemp(prefix="mixstack-deepmd-stub-")
+    d = root
+    for part in ("deepmd", "kernels", "triton", "sezm"):
+        d = os.path.join(d, part)
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "__init__.py"), "w").close()
+    with open(os.path.join(d, "so2_value_path.py"), "w") as f:
+        f.write(STUB)
+    return root
+
+
+def test_install_swaps_and_falls_back_with_a_reason():
+    root = _stub_tree()
+    sys.path.insert(0, root)
+    try:
+        import importlib
+
+        import mixstack_torch.deepmd as dropin
+
+        mod = importlib.import_module(dropin.UPSTREAM_MODULE)
+        assert dropin.installed() is None
+        replaced = dropin.install("relay")
+        assert replaced is mod.upstream and mod._mixing_stack_op is dropin.stack_op
+        assert dropin.installed() == "relay"
+        dropin.install("fused")  # again: keeps upstream's op as the one to restore
+        assert dropin.installed() == "fused"
+        u0 = torch.zeros(2, 5, 320)
+        w0 = torch.zeros(3, 2, 128, 128)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            out = dropin.stack_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
+            dropin.stack_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
+        assert out == ("upstream-out", "upstream-z")
+        assert mod.calls == [((2, 5, 320), 3, 32, True)] * 2
+        said = [str(x.message) for x in w]
+        assert len(said) == 1 and "cpu" in said[0], said  # once per reason
+        assert list(dropin.fallbacks().values()) == [2]
+        dropin.uninstall()
+        assert mod._mixing_stack_op is mod.upstream and dropin.installed() is None
+        try:
+            dropin.install("sideways")
+        except ValueError as e:
+            assert "path" in str(e)
+        else:
+            raise AssertionError("a bad path was accepted")
+    finally:
+        sys.path.remove(root)
+        for name in [m for m in sys.modules if m == "deepmd" or m.startswith("deepmd.")]:
+            del sys.modules[name]
+
+
+def _run(env_value, code):
+    root = _stub_tree()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, PKG]), MIXSTACK_DEEPMD=env_value)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_environment_switch_installs_after_the_module_is_imported():
+    # DeePMD-kit's order: the plugin first, the value-path module later.
+    code = (
+        "import mixstack_torch.deepmd_plugin, mixstack_torch.deepmd as d\n"
+        "import deepmd.kernels.triton.sezm.so2_value_path as m\n"
+        "assert m._mixing_stack_op is d.stack_op, m._mixing_stack_op\n"
+        "print(d.installed())\n"
+    )
+    r = _run("fused", code)
+    assert r.returncode == 0 and r.stdout.strip() == "fused", (r.stdout, r.stderr)
+    r = _run("0", code.replace("is d.stack_op", "is m.upstream").replace("print(d.installed())", "print('off')"))
+    assert r.returncode == 0 and r.stdout.strip() == "off", (r.stdout, r.stderr)
+    r = _run("sideways", "import mixstack_torch.deepmd_plugin")
+    assert r.returncode != 0 and "MIXSTACK_DEEPMD" in r.stderr, r.stderr
+
+
+def main():
+    if torch is None:
+        print("SKIP: torch is not installed")
+        return 0
+    failed = 0
+    for name, fn in sorted(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            try:
+                fn()
+                print(f"PASS {name}")
+            except Exception as e:  # noqa: BLE001
+                failed += 1
+                print(f"FAIL {name}: {type(e).__name__}: {e}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
