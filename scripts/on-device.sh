@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/stage-device.sh:
-# GPU tests, verify, and the benchmarks of BENCH.md. Results under $OUT.
+# GPU tests, verify, the Python op's tests, and the benchmarks of BENCH.md.
+#   scripts/on-device.sh [all|tests|python|bench [bench args]]     results under $OUT
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 export MIXSTACK_VECTORS="$PWD/vectors"
@@ -14,6 +15,12 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
     echo "== $t"; "$t" --test-threads=1 --nocapture 2>&1 | tee "$OUT/$(basename "$t").log" | grep -E "test |SKIPPED|panicked|result|rel|bitwise" | tail -60
   done
   echo "== verify"; .device/mixstack verify 2>&1 | tee "$OUT/verify.log" | tail -30
+fi
+if [ "$what" = all ] || [ "$what" = python ]; then
+  # the torch ops over the staged library: numerics, opcheck, compile/export, CUDA graphs; tracing; drop-in
+  for t in python/tests/test_torch_op.py python/tests/test_trace_cpu.py python/tests/test_deepmd_dropin_cpu.py; do
+    echo "== $t"; MIXSTACK_LIB=$PWD/.device/libmixstack.so PYTHONPATH=$PWD/python python3 "$t" 2>&1 | tee "$OUT/$(basename "$t" .py).log" | tail -40
+  done
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   shift || true
