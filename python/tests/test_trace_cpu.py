@@ -93,19 +93,10 @@ def test_cpu_tensors_are_a_value_error():
 
 
 def main():
-    if torch is None:
-        print("SKIP: torch is not installed")
-        return 0
-    failed = 0
-    for name, fn in sorted(globals().items()):
-        if name.startswith("test_") and callable(fn):
-            try:
-                fn()
-                print(f"PASS {name}")
-            except Exception as e:  # noqa: BLE001
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}")
-    return 1 if failed else 0
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _runner import run
+
+    return run(globals(), torch)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,32 @@ fn download<T: Element>(stream: &Arc<CudaStream>, src: CUdeviceptr, len: usize, 
     Ok(host)
 }
 
+/// The arguments every create checks first: the out-parameter (cleared),
+/// the dtype code, the device, the shape (f, cf, lmax, n_layers).
+///
+/// # Safety
+/// `out` is null or points to writable storage for a handle.
+unsafe fn create_args(
+    out: *mut *mut mixstack_stack,
+    dtype: c_int,
+    device: c_int,
+    [f, cf, lmax, n_layers]: [i64; 4],
+) -> Result<(usize, StackShape), Fail> {
+    if out.is_null() {
+        return Err(fail(MIXSTACK_ERR_NULL_POINTER, "`out` (where the handle is stored) is null"));
+    }
+    // SAFETY: non-null out-parameter (caller contract: writable).
+    unsafe { *out = std::ptr::null_mut() };
+    if dtype != MIXSTACK_DTYPE_F32 && dtype != MIXSTACK_DTYPE_F64 {
+        return Err(fail(MIXSTACK_ERR_BAD_DTYPE, format!("unknown dtype code {dtype}: 0 (f32) or 1 (f64)")));
+    }
+    let device = usize::try_from(device)
+        .map_err(|_| fail(MIXSTACK_ERR_BAD_ARGUMENT, format!("device = {device} is negative")))?;
+    let shape =
+        StackShape::new(dim("F", f, 1)?, dim("Cf", cf, 1)?, dim("lmax", lmax, 1)?, dim("n_layers", n_layers, 1)?);
+    Ok((device, shape))
+}
+
 fn create_typed<T: Element>(
     device: usize,
     sh: StackShape,
@@ -92,18 +118,8 @@ pub unsafe extern "C" fn mixstack_stack_create(
     out: *mut *mut mixstack_stack,
 ) -> c_int {
     boundary("mixstack_stack_create", || {
-        if out.is_null() {
-            return Err(fail(MIXSTACK_ERR_NULL_POINTER, "`out` (where the handle is stored) is null"));
-        }
-        // SAFETY: non-null out-parameter (caller contract: writable).
-        unsafe { *out = std::ptr::null_mut() };
-        if dtype != MIXSTACK_DTYPE_F32 && dtype != MIXSTACK_DTYPE_F64 {
-            return Err(fail(MIXSTACK_ERR_BAD_DTYPE, format!("unknown dtype code {dtype}: 0 (f32) or 1 (f64)")));
-        }
-        let device = usize::try_from(device)
-            .map_err(|_| fail(MIXSTACK_ERR_BAD_ARGUMENT, format!("device = {device} is negative")))?;
-        let shape =
-            StackShape::new(dim("F", f, 1)?, dim("Cf", cf, 1)?, dim("lmax", lmax, 1)?, dim("n_layers", n_layers, 1)?);
+        // SAFETY: `out` is null or writable (caller contract).
+        let (device, shape) = unsafe { create_args(out, dtype, device, [f, cf, lmax, n_layers]) }?;
         let w = [w0_dev, w1_dev, gw_dev].map(dptr);
         let state = if dtype == MIXSTACK_DTYPE_F32 {
             create_typed::<f32>(device, shape, w, cu_stream, Inner::F32)?
@@ -146,18 +162,8 @@ pub unsafe extern "C" fn mixstack_stack_create_borrowing(
     out: *mut *mut mixstack_stack,
 ) -> c_int {
     boundary("mixstack_stack_create_borrowing", || {
-        if out.is_null() {
-            return Err(fail(MIXSTACK_ERR_NULL_POINTER, "`out` (where the handle is stored) is null"));
-        }
-        // SAFETY: non-null out-parameter (caller contract: writable).
-        unsafe { *out = std::ptr::null_mut() };
-        if dtype != MIXSTACK_DTYPE_F32 && dtype != MIXSTACK_DTYPE_F64 {
-            return Err(fail(MIXSTACK_ERR_BAD_DTYPE, format!("unknown dtype code {dtype}: 0 (f32) or 1 (f64)")));
-        }
-        let device = usize::try_from(device)
-            .map_err(|_| fail(MIXSTACK_ERR_BAD_ARGUMENT, format!("device = {device} is negative")))?;
-        let shape =
-            StackShape::new(dim("F", f, 1)?, dim("Cf", cf, 1)?, dim("lmax", lmax, 1)?, dim("n_layers", n_layers, 1)?);
+        // SAFETY: `out` is null or writable (caller contract).
+        let (device, shape) = unsafe { create_args(out, dtype, device, [f, cf, lmax, n_layers]) }?;
         let state = if dtype == MIXSTACK_DTYPE_F32 {
             create_borrowing_typed::<f32>(device, shape, Inner::F32)?
         } else {
@@ -224,71 +230,134 @@ fn enter(
     Ok((restore, stream))
 }
 
+/// A forward on `st`, with the call's weights or the stack's own.
 fn forward_typed<T: Element>(
     s: &StackState,
     st: &Stack<T>,
-    e: usize,
-    ptrs: ForwardPtrs,
-    apply_alpha: bool,
+    call: &ForwardCall,
     cu_stream: *mut c_void,
 ) -> Result<(), Fail> {
-    let v = Valid::<T, _>::forward(s.shape, e, ptrs)?;
-    let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
-    // SAFETY: `v` holds non-null, aligned pointers, outputs disjoint; `enter`
-    // found them memory of the stack's device; sizes are the header's contract.
-    unsafe { st.forward_raw(&stream, &v.call, apply_alpha) }?;
+    let (e, aa) = (call.e, call.apply_alpha);
+    // SAFETY (both arms): `v` holds non-null, aligned pointers, outputs
+    // disjoint from every input; `enter` found them memory of the stack's
+    // device; sizes are the header's contract.
+    match call.weights {
+        None => {
+            let v = Valid::<T, _>::forward(s.shape, e, call.ptrs)?;
+            let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
+            unsafe { st.forward_raw(&stream, &v.call, aa) }?;
+        }
+        Some(w) => {
+            let v = Valid::<T, _>::forward_with(s.shape, e, call.ptrs, w)?;
+            let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
+            unsafe { st.forward_raw_with(&stream, &v.call, aa) }?;
+        }
+    }
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A backward on `st`, as [`forward_typed`].
 fn backward_typed<T: Element>(
     s: &StackState,
     st: &Stack<T>,
+    call: &BackwardCall,
+    cu_stream: *mut c_void,
+) -> Result<(), Fail> {
+    let (e, aa) = (call.e, call.apply_alpha);
+    let opts = BackwardOptions { fused: call.fused, ..BackwardOptions::default() };
+    // SAFETY (both arms): as in forward_typed.
+    match call.weights {
+        None => {
+            let v = Valid::<T, _>::backward(s.shape, e, call.ptrs)?;
+            let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
+            unsafe { st.backward_raw(&stream, &v.call, aa, &opts) }?;
+        }
+        Some(w) => {
+            let v = Valid::<T, _>::backward_with(s.shape, e, call.ptrs, w)?;
+            let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
+            unsafe { st.backward_raw_with(&stream, &v.call, aa, &opts) }?;
+        }
+    }
+    Ok(())
+}
+
+/// One forward's arguments, from either entry point.
+struct ForwardCall {
+    e: usize,
+    ptrs: ForwardPtrs,
+    weights: Option<ForwardWeights>,
+    apply_alpha: bool,
+}
+
+/// One backward's arguments, from either entry point.
+struct BackwardCall {
     e: usize,
     ptrs: BackwardPtrs,
+    weights: Option<BackwardWeights>,
     apply_alpha: bool,
     fused: FusedMode,
-    cu_stream: *mut c_void,
-) -> Result<(), Fail> {
-    let v = Valid::<T, _>::backward(s.shape, e, ptrs)?;
-    let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
-    let opts = BackwardOptions { fused, ..BackwardOptions::default() };
-    // SAFETY: as in forward_typed.
-    unsafe { st.backward_raw(&stream, &v.call, apply_alpha, &opts) }?;
-    Ok(())
 }
 
-fn forward_with_typed<T: Element>(
-    s: &StackState,
-    st: &Stack<T>,
-    e: usize,
-    (ptrs, w): (ForwardPtrs, ForwardWeights),
-    apply_alpha: bool,
-    cu_stream: *mut c_void,
-) -> Result<(), Fail> {
-    let v = Valid::<T, _>::forward_with(s.shape, e, ptrs, w)?;
-    let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
-    // SAFETY: as in forward_typed, for the weights too.
-    unsafe { st.forward_raw_with(&stream, &v.call, apply_alpha) }?;
-    Ok(())
+/// The handle, then the call (E == 0 touches no buffer).
+fn forward(stack: *mut mixstack_stack, call: ForwardCall, cu_stream: *mut c_void) -> Result<(), Fail> {
+    let s = handle(stack)?;
+    if call.e == 0 {
+        return Ok(());
+    }
+    match &s.inner {
+        Inner::F32(st) => forward_typed(&s, st, &call, cu_stream),
+        Inner::F64(st) => forward_typed(&s, st, &call, cu_stream),
+    }
 }
 
+/// As [`forward`].
+fn backward(stack: *mut mixstack_stack, call: BackwardCall, cu_stream: *mut c_void) -> Result<(), Fail> {
+    let s = handle(stack)?;
+    if call.e == 0 {
+        return Ok(());
+    }
+    match &s.inner {
+        Inner::F32(st) => backward_typed(&s, st, &call, cu_stream),
+        Inner::F64(st) => backward_typed(&s, st, &call, cu_stream),
+    }
+}
+
+fn backward_ptrs(
+    grad_out: *const c_void,
+    out: *const c_void,
+    z_all: *const c_void,
+    alpha: *const c_void,
+    grad_u0: *mut c_void,
+    grad_alpha: *mut c_void,
+) -> BackwardPtrs {
+    BackwardPtrs {
+        grad_out: dptr(grad_out),
+        out: dptr(out),
+        z_all: dptr(z_all),
+        alpha: dptr(alpha),
+        grad_u0: dptr(grad_u0),
+        grad_alpha: dptr(grad_alpha),
+    }
+}
+
+/// See `mixstack_forward` in include/mixstack.h.
+#[no_mangle]
 #[allow(clippy::too_many_arguments)]
-fn backward_with_typed<T: Element>(
-    s: &StackState,
-    st: &Stack<T>,
-    e: usize,
-    (ptrs, w): (BackwardPtrs, BackwardWeights),
-    apply_alpha: bool,
-    fused: FusedMode,
+pub unsafe extern "C" fn mixstack_forward(
+    stack: *mut mixstack_stack,
+    e: i64,
+    u0: *const c_void,
+    alpha: *const c_void,
+    apply_alpha: c_int,
+    out: *mut c_void,
+    z_all: *mut c_void,
     cu_stream: *mut c_void,
-) -> Result<(), Fail> {
-    let v = Valid::<T, _>::backward_with(s.shape, e, ptrs, w)?;
-    let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
-    let opts = BackwardOptions { fused, ..BackwardOptions::default() };
-    // SAFETY: as in forward_typed, for the weights too.
-    unsafe { st.backward_raw_with(&stream, &v.call, apply_alpha, &opts) }?;
-    Ok(())
+) -> c_int {
+    boundary("mixstack_forward", || {
+        let ptrs = ForwardPtrs { u0: dptr(u0), alpha: dptr(alpha), out: dptr(out), z_all: dptr(z_all) };
+        let call = ForwardCall { e: edges(e)?, ptrs, weights: None, apply_alpha: apply_alpha != 0 };
+        forward(stack, call, cu_stream)
+    })
 }
 
 /// See `mixstack_forward_w` in include/mixstack.h.
@@ -308,18 +377,34 @@ pub unsafe extern "C" fn mixstack_forward_w(
     cu_stream: *mut c_void,
 ) -> c_int {
     boundary("mixstack_forward_w", || {
-        let e = edges(e)?;
-        let s = handle(stack)?;
-        if e == 0 {
-            return Ok(());
-        }
         let ptrs = ForwardPtrs { u0: dptr(u0), alpha: dptr(alpha), out: dptr(out), z_all: dptr(z_all) };
-        let w = ForwardWeights { w0: dptr(w0), w1: dptr(w1), gw: dptr(gw) };
-        let aa = apply_alpha != 0;
-        match &s.inner {
-            Inner::F32(st) => forward_with_typed(&s, st, e, (ptrs, w), aa, cu_stream),
-            Inner::F64(st) => forward_with_typed(&s, st, e, (ptrs, w), aa, cu_stream),
-        }
+        let weights = Some(ForwardWeights { w0: dptr(w0), w1: dptr(w1), gw: dptr(gw) });
+        let call = ForwardCall { e: edges(e)?, ptrs, weights, apply_alpha: apply_alpha != 0 };
+        forward(stack, call, cu_stream)
+    })
+}
+
+/// See `mixstack_backward` in include/mixstack.h.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mixstack_backward(
+    stack: *mut mixstack_stack,
+    e: i64,
+    grad_out: *const c_void,
+    out: *const c_void,
+    z_all: *const c_void,
+    alpha: *const c_void,
+    apply_alpha: c_int,
+    grad_u0: *mut c_void,
+    grad_alpha: *mut c_void,
+    path: c_int,
+    cu_stream: *mut c_void,
+) -> c_int {
+    boundary("mixstack_backward", || {
+        let fused = path_mode(path)?;
+        let ptrs = backward_ptrs(grad_out, out, z_all, alpha, grad_u0, grad_alpha);
+        let call = BackwardCall { e: edges(e)?, ptrs, weights: None, apply_alpha: apply_alpha != 0, fused };
+        backward(stack, call, cu_stream)
     })
 }
 
@@ -344,93 +429,11 @@ pub unsafe extern "C" fn mixstack_backward_w(
     cu_stream: *mut c_void,
 ) -> c_int {
     boundary("mixstack_backward_w", || {
-        let mode = path_mode(path)?;
-        let e = edges(e)?;
-        let s = handle(stack)?;
-        if e == 0 {
-            return Ok(());
-        }
-        let ptrs = BackwardPtrs {
-            grad_out: dptr(grad_out),
-            out: dptr(out),
-            z_all: dptr(z_all),
-            alpha: dptr(alpha),
-            grad_u0: dptr(grad_u0),
-            grad_alpha: dptr(grad_alpha),
-        };
-        let w = BackwardWeights { wt0: dptr(wt0), wt1: dptr(wt1), gw: dptr(gw), gwt: dptr(gwt) };
-        let aa = apply_alpha != 0;
-        match &s.inner {
-            Inner::F32(st) => backward_with_typed(&s, st, e, (ptrs, w), aa, mode, cu_stream),
-            Inner::F64(st) => backward_with_typed(&s, st, e, (ptrs, w), aa, mode, cu_stream),
-        }
-    })
-}
-
-/// See `mixstack_forward` in include/mixstack.h.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn mixstack_forward(
-    stack: *mut mixstack_stack,
-    e: i64,
-    u0: *const c_void,
-    alpha: *const c_void,
-    apply_alpha: c_int,
-    out: *mut c_void,
-    z_all: *mut c_void,
-    cu_stream: *mut c_void,
-) -> c_int {
-    boundary("mixstack_forward", || {
-        let e = edges(e)?;
-        let s = handle(stack)?;
-        if e == 0 {
-            return Ok(());
-        }
-        let ptrs = ForwardPtrs { u0: dptr(u0), alpha: dptr(alpha), out: dptr(out), z_all: dptr(z_all) };
-        let aa = apply_alpha != 0;
-        match &s.inner {
-            Inner::F32(st) => forward_typed(&s, st, e, ptrs, aa, cu_stream),
-            Inner::F64(st) => forward_typed(&s, st, e, ptrs, aa, cu_stream),
-        }
-    })
-}
-
-/// See `mixstack_backward` in include/mixstack.h.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn mixstack_backward(
-    stack: *mut mixstack_stack,
-    e: i64,
-    grad_out: *const c_void,
-    out: *const c_void,
-    z_all: *const c_void,
-    alpha: *const c_void,
-    apply_alpha: c_int,
-    grad_u0: *mut c_void,
-    grad_alpha: *mut c_void,
-    path: c_int,
-    cu_stream: *mut c_void,
-) -> c_int {
-    boundary("mixstack_backward", || {
-        let mode = path_mode(path)?;
-        let e = edges(e)?;
-        let s = handle(stack)?;
-        if e == 0 {
-            return Ok(());
-        }
-        let ptrs = BackwardPtrs {
-            grad_out: dptr(grad_out),
-            out: dptr(out),
-            z_all: dptr(z_all),
-            alpha: dptr(alpha),
-            grad_u0: dptr(grad_u0),
-            grad_alpha: dptr(grad_alpha),
-        };
-        let aa = apply_alpha != 0;
-        match &s.inner {
-            Inner::F32(st) => backward_typed(&s, st, e, ptrs, aa, mode, cu_stream),
-            Inner::F64(st) => backward_typed(&s, st, e, ptrs, aa, mode, cu_stream),
-        }
+        let fused = path_mode(path)?;
+        let ptrs = backward_ptrs(grad_out, out, z_all, alpha, grad_u0, grad_alpha);
+        let weights = Some(BackwardWeights { wt0: dptr(wt0), wt1: dptr(wt1), gw: dptr(gw), gwt: dptr(gwt) });
+        let call = BackwardCall { e: edges(e)?, ptrs, weights, apply_alpha: apply_alpha != 0, fused };
+        backward(stack, call, cu_stream)
     })
 }
 
