@@ -766,9 +766,14 @@ impl<T: Element> Stack<T> {
 
     /// The stack's own weights into `io` (guards to keep until the work is
     /// enqueued), or the error of a stack that borrows them.
-    fn own_weights<'a>(&'a self, stream: &'a CudaStream, io: &mut Io) -> Result<Vec<SyncOnDrop<'a>>, MixError> {
+    fn own_weights<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+        io: &mut Io,
+        backward: bool,
+    ) -> Result<Vec<SyncOnDrop<'a>>, MixError> {
         let w = self.weights.as_ref().ok_or(MixError::NoWeights)?;
-        Ok(w.bind(stream, io))
+        Ok(w.bind(stream, io, backward))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -788,7 +793,7 @@ impl<T: Element> Stack<T> {
                 w.bind(&mut io);
                 Vec::new()
             }
-            None => self.own_weights(stream, &mut io)?,
+            None => self.own_weights(stream, &mut io, false)?,
         };
         let plan = self.forward_plan(e, apply_alpha, tiles)?;
         *lock(&self.last_forward_chunking) = Some(plan.chunking);
@@ -820,7 +825,7 @@ impl<T: Element> Stack<T> {
                 w.bind(&mut io);
                 Vec::new()
             }
-            None => self.own_weights(stream, &mut io)?,
+            None => self.own_weights(stream, &mut io, true)?,
         };
         let plan = self.planner().backward(e, apply_alpha, choice, &self.machine()?)?;
         *lock(&self.last_backward_chunking) = Some(plan.chunking);

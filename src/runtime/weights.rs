@@ -59,22 +59,29 @@ impl<T: Element> Weights<T> {
         Ok(weights)
     }
 
-    /// Their addresses into `io`, with the guards that order the stream's
-    /// reads against the buffers' lifetime (keep them until the work is
-    /// enqueued).
-    pub fn bind<'a>(&'a self, stream: &'a CudaStream, io: &mut Io) -> Vec<SyncOnDrop<'a>> {
-        let mut guards = Vec::with_capacity(6);
+    /// The addresses a pass reads into `io` (the forward W0, W1, GW; the
+    /// backward the transposes and GW, GWT), with the guards that order the
+    /// stream's reads against the buffers' lifetime (keep them until the work
+    /// is enqueued). Only those: a guard is stream work (an event wait and
+    /// record where the context tracks them).
+    pub fn bind<'a>(&'a self, stream: &'a CudaStream, io: &mut Io, backward: bool) -> Vec<SyncOnDrop<'a>> {
+        let mut guards = Vec::with_capacity(4);
         let mut at = |buf: &'a CudaSlice<T>, dst: &mut CUdeviceptr| {
             let (p, g) = buf.device_ptr(stream);
             *dst = p;
             guards.push(g);
         };
-        at(&self.w0, &mut io.w0);
-        at(&self.w1, &mut io.w1);
-        at(&self.wt0, &mut io.wt0);
-        at(&self.wt1, &mut io.wt1);
-        if let (Some(gw), Some(gwt)) = (&self.gw, &self.gwt) {
+        if backward {
+            at(&self.wt0, &mut io.wt0);
+            at(&self.wt1, &mut io.wt1);
+        } else {
+            at(&self.w0, &mut io.w0);
+            at(&self.w1, &mut io.w1);
+        }
+        if let Some(gw) = &self.gw {
             at(gw, &mut io.gw);
+        }
+        if let (true, Some(gwt)) = (backward, &self.gwt) {
             at(gwt, &mut io.gwt);
         }
         guards
