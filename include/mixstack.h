@@ -39,7 +39,7 @@
  *     thread is in a call on it.
  *   - Handles are checked: every function that takes one looks it up in a
  *     process-wide registry of live handles before using it, and refuses a
- *     destroyed handle, or any value mixstack_stack_create did not return (a
+ *     destroyed handle, or any value no mixstack_stack_create* call returned (a
  *     foreign or garbage pointer), with MIXSTACK_ERR_INVALID_HANDLE without
  *     reading anything through it; mixstack_stack_destroy records the same
  *     error for mixstack_last_error() and frees nothing. A handle is an
@@ -80,10 +80,10 @@ typedef enum mixstack_status {
                                       pointer not memory of the stack's device, stream of another
                                       context, malformed MIXSTACK_STACK_BWD_FUSED */
     MIXSTACK_ERR_INVALID_HANDLE = 9 /* a non-NULL handle that is not live: destroyed already, or not
-                                       returned by mixstack_stack_create (nothing is read through it) */
+                                       returned by a mixstack_stack_create* call (nothing is read through it) */
 } mixstack_status;
 
-/* dtype codes of mixstack_stack_create. */
+/* dtype codes of mixstack_stack_create, mixstack_stack_create_borrowing, mixstack_supports. */
 #define MIXSTACK_DTYPE_F32 0
 #define MIXSTACK_DTYPE_F64 1
 
@@ -123,7 +123,8 @@ int mixstack_supports(int dtype, int64_t f, int64_t cf, int64_t lmax, int64_t n_
 
 /* A stack that holds no weights (shape and kernels only): each call passes them, as a
  * model that assembles its weights from live parameters does. mixstack_forward and
- * mixstack_backward on it fail with MIXSTACK_ERR_BAD_ARGUMENT; the _w calls below work
+ * mixstack_backward on it fail with MIXSTACK_ERR_BAD_ARGUMENT (with e == 0 they return
+ * MIXSTACK_OK, as every call over no edge does); the _w calls below work
  * on any stack (on one that holds weights, the call's replace them for that call). */
 int mixstack_stack_create_borrowing(int dtype, int device, int64_t f, int64_t cf, int64_t lmax,
                                     int64_t n_layers, mixstack_stack** out);

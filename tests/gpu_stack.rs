@@ -967,9 +967,12 @@ fn borrowed_weights_equal_owned_bitwise() {
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
     let s = &g.stream;
-    for shape in
-        [Shape { f: 2, e: 301, cf: 32, lmax: 3, n_layers: 3 }, Shape { f: 1, e: 64, cf: 64, lmax: 2, n_layers: 1 }]
-    {
+    // Cf 128: the cuBLAS gate path reads GW through the plan too
+    for shape in [
+        Shape { f: 2, e: 301, cf: 32, lmax: 3, n_layers: 3 },
+        Shape { f: 1, e: 64, cf: 64, lmax: 2, n_layers: 1 },
+        Shape { f: 1, e: 97, cf: 128, lmax: 2, n_layers: 2 },
+    ] {
         let p = Problem::random(&mut rng, shape, true);
         let owned = make_stack::<f32>(&g, &p);
         let sh = p.stack_shape();

@@ -12,17 +12,18 @@ installs the drop-in then.
 DeePMD-kit's value path (``deepmd.kernels.triton.sezm.so2_value_path``) takes
 its stack op from the module-level name ``_mixing_stack_op`` when each SO(2)
 convolution's value path is constructed. :func:`install` points that name at
-:func:`stack_op`, which has the upstream op's signature and runs
+:class:`StackOp`, which has the upstream op's signature and runs
 ``mixstack::stack`` (eager, ``torch.compile``, ``make_fx``, ``torch.export``:
 it is a ``torch.library`` op with fake kernels and autograd). The rotation
 kernels around the stack stay DeePMD-kit's. Nothing of DeePMD-kit is copied.
 
-Where mixstack does not serve a call, :func:`stack_op` runs upstream's op
+Where mixstack does not serve a call, :class:`StackOp` runs upstream's op
 instead and says so once per reason (a ``UserWarning``, and
 :func:`fallbacks`): tensors not on CUDA (DeePMD-kit traces on the CPU when it
 freezes a model), a dtype or shape outside mixstack's build.
 """
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -34,7 +35,7 @@ import warnings
 import torch
 
 from . import ops  # noqa: F401  (registers mixstack::stack)
-from ._lib import PATHS, supports
+from ._lib import PATHS, _load, supports
 
 UPSTREAM_MODULE = "deepmd.kernels.triton.sezm.so2_value_path"
 UPSTREAM_NAME = "_mixing_stack_op"
@@ -42,7 +43,6 @@ ENV = "MIXSTACK_DEEPMD"
 
 _lock = threading.Lock()
 _upstream = None  # the op install() replaced
-_path = None
 _fallbacks = {}  # reason -> count
 
 
@@ -55,9 +55,18 @@ def _say(reason):
 
 
 def fallbacks():
-    """``{reason: calls}`` of the calls :func:`stack_op` gave to upstream's op."""
+    """``{reason: calls}`` of the calls the drop-in gave to upstream's op."""
     with _lock:
         return dict(_fallbacks)
+
+
+@functools.lru_cache(maxsize=None)
+def _served(dtype, F, cf, lmax, n_layers):
+    try:
+        ok, why = supports(dtype, F, cf, lmax, n_layers)
+    except OSError as e:  # no library, or another ABI: upstream runs, and says why
+        return str(e)
+    return None if ok else why
 
 
 def _refusal(u0, w0_all, lmax, focus_dim):
@@ -65,59 +74,63 @@ def _refusal(u0, w0_all, lmax, focus_dim):
     static properties only, so the same branch is taken under tracing."""
     if u0.device.type != "cuda":
         return f"tensors on {u0.device.type} (mixstack runs on CUDA)"
-    F, n_layers = u0.shape[0], w0_all.shape[0]
-    ok, why = supports(u0.dtype, int(F), int(focus_dim), int(lmax), int(n_layers))
-    return None if ok else why
+    return _served(str(u0.dtype), int(u0.shape[0]), int(focus_dim), int(lmax), int(w0_all.shape[0]))
 
 
-def stack_op(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha):
+class StackOp:
     """Upstream's ``sezm_triton::so2_mixing_stack`` signature on mixstack:
-    ``(x_local (E, F, ROW), z_all (n_layers-1, F, E, ROW))``."""
-    why = _refusal(u0, w0_all, lmax, focus_dim)
-    if why is not None:
-        if _upstream is None:
-            raise ValueError(f"mixstack drop-in: {why}, and no upstream op to fall back to (install() was not called)")
-        _say(why)
-        return _upstream(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha)
-    return torch.ops.mixstack.stack(
-        u0, alpha, w0_all, w1_all, gw_all, int(lmax), int(focus_dim), bool(apply_alpha), _path or "auto"
-    )
+    ``(x_local (E, F, ROW), z_all (n_layers-1, F, E, ROW))``, with the backward
+    path fixed when it was made (a model built after ``install(path)`` keeps
+    that path; upstream reads the op when the model is built)."""
+
+    def __init__(self, path, upstream):
+        self.path, self.upstream = path, upstream
+
+    def __call__(self, u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha):
+        why = _refusal(u0, w0_all, lmax, focus_dim)
+        if why is not None:
+            _say(why)
+            return self.upstream(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha)
+        return torch.ops.mixstack.stack(
+            u0, alpha, w0_all, w1_all, gw_all, int(lmax), int(focus_dim), bool(apply_alpha), self.path
+        )
+
+    def __repr__(self):
+        return f"mixstack_torch.deepmd.StackOp(path={self.path!r})"
 
 
 def install(path="auto"):
     """Point DeePMD-kit's value path at mixstack's stack (``path``: the
     backward, "relay", "fused" or "auto" = the ``MIXSTACK_STACK_BWD_FUSED``
     switch). Takes effect for models built afterwards. Returns the op it
-    replaced."""
-    global _upstream, _path
+    replaced (upstream's). Fails at once when the library cannot be loaded."""
+    global _upstream
     if path not in PATHS:
         raise ValueError(f"mixstack drop-in: path must be one of {sorted(PATHS)}, got {path!r}")
+    _load()
     mod = importlib.import_module(UPSTREAM_MODULE)
     with _lock:
         current = getattr(mod, UPSTREAM_NAME)
-        if current is not stack_op:
+        if not isinstance(current, StackOp):
             _upstream = current
-        _path = path
-        setattr(mod, UPSTREAM_NAME, stack_op)
+        setattr(mod, UPSTREAM_NAME, StackOp(path, _upstream))
     return _upstream
 
 
 def uninstall():
-    """Restore upstream's op (for models built afterwards)."""
-    global _path
+    """Restore upstream's op for models built afterwards (models built with
+    the drop-in keep it)."""
     mod = sys.modules.get(UPSTREAM_MODULE)
     with _lock:
-        if mod is not None and getattr(mod, UPSTREAM_NAME, None) is stack_op and _upstream is not None:
+        if mod is not None and isinstance(getattr(mod, UPSTREAM_NAME, None), StackOp) and _upstream is not None:
             setattr(mod, UPSTREAM_NAME, _upstream)
-        _path = None
 
 
 def installed():
-    """The backward path the drop-in runs with, or None when not installed."""
+    """The backward path of the drop-in models built now get, or None."""
     mod = sys.modules.get(UPSTREAM_MODULE)
-    if mod is None or getattr(mod, UPSTREAM_NAME, None) is not stack_op:
-        return None
-    return _path
+    op = getattr(mod, UPSTREAM_NAME, None) if mod is not None else None
+    return op.path if isinstance(op, StackOp) else None
 
 
 # ----------------------------------------------------------------------

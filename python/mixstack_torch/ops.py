@@ -19,7 +19,7 @@ import threading
 import torch
 
 from . import _lib as _libmod
-from ._lib import PATHS, _PATH_NAMES, _check, _load
+from ._lib import PATHS, _PATH_NAMES, MixstackError, _check, _load
 
 _DTYPES = {torch.float32: 0, torch.float64: 1}
 _PATH_CODES = PATHS
@@ -85,6 +85,11 @@ def _get_stack(device, dtype, dims):
         st = _stacks.get(key)
     if st is not None:
         return st
+    if torch.cuda.is_current_stream_capturing():
+        raise MixstackError(
+            "mixstack: the first call for this shape is inside a CUDA graph capture; run it once before "
+            "capturing (creating the handle allocates and may synchronise)"
+        )
     F, cf, lmax, n_layers = dims
     handle = ctypes.c_void_p()
     with torch.cuda.device(device):
@@ -114,8 +119,8 @@ def _need(cond, msg):
         raise ValueError("mixstack_stack: " + msg)
 
 
-def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
-    tensors = {"u0": u0, "alpha": alpha, "w0_all": w0_all, "w1_all": w1_all, "gw_all": gw_all}
+def _check_tensors(tensors):
+    """Tensors, on CUDA, of one supported dtype, on one device, dense."""
     for name, t in tensors.items():
         _need(isinstance(t, torch.Tensor), f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
     for name, t in tensors.items():
@@ -124,25 +129,24 @@ def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
             t.dtype in _DTYPES,
             f"`{name}` has dtype {t.dtype}: mixstack supports torch.float32 and torch.float64 only",
         )
-    dev, dt = u0.device, u0.dtype
+    first, t0 = next(iter(tensors.items()))
     for name, t in tensors.items():
-        _need(t.device == dev, f"`{name}` is on {t.device}, `u0` on {dev}: all tensors must be on one device")
-        _need(t.dtype == dt, f"`{name}` has dtype {t.dtype}, `u0` {dt}: all tensors must have one dtype")
+        _need(t.device == t0.device, f"`{name}` is on {t.device}, `{first}` on {t0.device}: all tensors must be on one device")
+        _need(t.dtype == t0.dtype, f"`{name}` has dtype {t.dtype}, `{first}` {t0.dtype}: all tensors must have one dtype")
         _need(
             t.is_contiguous(),
             f"`{name}` is not contiguous (strides {tuple(t.stride())}): mixstack reads dense row-major "
             f"tensors and does not copy; pass `{name}.contiguous()`",
         )
+
+
+def _check_scalars_and_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim, path):
+    """The path, lmax, Cf, and the weights' shapes for F focus streams; n_layers."""
     _need(path in PATHS, f"path must be one of {sorted(PATHS)}, got {path!r}")
     _need(isinstance(lmax, int) and lmax >= 1, f"lmax must be an int >= 1, got {lmax!r}")
     _need(isinstance(focus_dim, int) and focus_dim >= 1, f"focus_dim must be an int >= 1, got {focus_dim!r}")
     L, cf = lmax, focus_dim
-    row, m0, m1, lg = (3 * L + 1) * cf, (L + 1) * cf, 2 * L * cf, L * cf
-    _need(u0.dim() == 3, f"u0 must be (F, E, ROW), got shape {tuple(u0.shape)}")
-    F, E, r = u0.shape
-    _need(r == row, f"u0 has {r} columns, expected ROW = (3*lmax+1)*focus_dim = {row}")
-    _need(F >= 1, "u0 has F = 0 focus streams")
-    _need(tuple(alpha.shape) == (E, F), f"alpha must be (E, F) = {(E, F)}, got {tuple(alpha.shape)}")
+    m0, m1, lg = (L + 1) * cf, 2 * L * cf, L * cf
     _need(w0_all.dim() == 4, f"w0_all must be (n_layers, F, M0, M0), got shape {tuple(w0_all.shape)}")
     n = w0_all.shape[0]
     _need(n >= 1, "w0_all has n_layers = 0")
@@ -152,6 +156,38 @@ def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
         ("gw_all", gw_all, (n - 1, F, cf, lg)),
     ):
         _need(tuple(t.shape) == want, f"{name} must be {want} (n_layers={n}, F={F}), got {tuple(t.shape)}")
+    return n
+
+
+def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
+    _check_tensors({"u0": u0, "alpha": alpha, "w0_all": w0_all, "w1_all": w1_all, "gw_all": gw_all})
+    _need(u0.dim() == 3, f"u0 must be (F, E, ROW), got shape {tuple(u0.shape)}")
+    F, E, r = u0.shape
+    _need(F >= 1, "u0 has F = 0 focus streams")
+    n = _check_scalars_and_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim, path)
+    row, _ = _dims(lmax, focus_dim)
+    _need(r == row, f"u0 has {r} columns, expected ROW = (3*lmax+1)*focus_dim = {row}")
+    _need(tuple(alpha.shape) == (E, F), f"alpha must be (E, F) = {(E, F)}, got {tuple(alpha.shape)}")
+    return F, E, n
+
+
+def _validate_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
+    """The backward's inputs, as a direct call may pass them (autograd's come
+    checked from the forward): the forward's outputs' shapes, one device and
+    dtype, dense (grad_out is made dense before)."""
+    tensors = {"out": out, "grad_out": grad_out, "z_all": z_all, "alpha": alpha}
+    _check_tensors(dict(tensors, w0_all=w0_all, w1_all=w1_all, gw_all=gw_all))
+    _need(out.dim() == 3, f"out must be (E, F, ROW), got shape {tuple(out.shape)}")
+    E, F, r = out.shape
+    n = _check_scalars_and_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim, path)
+    row, _ = _dims(lmax, focus_dim)
+    for name, t, want in (
+        ("out", out, (E, F, row)),
+        ("grad_out", grad_out, (E, F, row)),
+        ("z_all", z_all, (n - 1, F, E, row)),
+        ("alpha", alpha, (E, F)),
+    ):
+        _need(tuple(t.shape) == want, f"{name} must be {want}, got {tuple(t.shape)}")
     return F, E, n
 
 
@@ -233,16 +269,16 @@ def stack_bwd(
     path: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Input gradients: ``(grad_u0 (F, E, ROW), grad_alpha (E, F))``."""
-    _need(path in _PATH_CODES, f"path must be one of {sorted(_PATH_CODES)}, got {path!r}")
-    E, F, row = out.shape
-    n_layers = w0_all.shape[0]
+    # Autograd may hand in any layout (e.g. expanded ones): make it dense.
+    if isinstance(grad_out, torch.Tensor) and isinstance(out, torch.Tensor):
+        grad_out = grad_out.to(dtype=out.dtype).contiguous()
+    F, E, n_layers = _validate_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path)
+    row, _ = _dims(lmax, focus_dim)
     dev = out.device
     grad_u0 = torch.empty((F, E, row), dtype=out.dtype, device=dev)
     grad_alpha = torch.empty((E, F), dtype=out.dtype, device=dev)
     if E == 0:
         return grad_u0, grad_alpha
-    # Autograd may hand in any layout (e.g. expanded ones): make it dense.
-    grad_out = grad_out.to(dtype=out.dtype).contiguous()
     # The transposes the backward reads, made on the device on this stream.
     wt0 = w0_all.transpose(-1, -2).contiguous()
     wt1 = w1_all.transpose(-1, -2).contiguous()

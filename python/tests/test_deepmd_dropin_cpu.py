@@ -11,6 +11,7 @@ GPU and DeePMD-kit.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,16 +62,18 @@ def test_install_swaps_and_falls_back_with_a_reason():
         mod = importlib.import_module(dropin.UPSTREAM_MODULE)
         assert dropin.installed() is None
         replaced = dropin.install("relay")
-        assert replaced is mod.upstream and mod._mixing_stack_op is dropin.stack_op
+        relay_op = mod._mixing_stack_op  # what a model built now takes
+        assert replaced is mod.upstream and isinstance(relay_op, dropin.StackOp) and relay_op.path == "relay"
         assert dropin.installed() == "relay"
         dropin.install("fused")  # again: keeps upstream's op as the one to restore
-        assert dropin.installed() == "fused"
+        assert dropin.installed() == "fused" and mod._mixing_stack_op.upstream is mod.upstream
+        assert relay_op.path == "relay", "a model built before keeps its path"
         u0 = torch.zeros(2, 5, 320)
         w0 = torch.zeros(3, 2, 128, 128)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            out = dropin.stack_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
-            dropin.stack_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
+            out = mod._mixing_stack_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
+            relay_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
         assert out == ("upstream-out", "upstream-z")
         assert mod.calls == [((2, 5, 320), 3, 32, True)] * 2
         said = [str(x.message) for x in w]
@@ -78,6 +81,7 @@ def test_install_swaps_and_falls_back_with_a_reason():
         assert list(dropin.fallbacks().values()) == [2]
         dropin.uninstall()
         assert mod._mixing_stack_op is mod.upstream and dropin.installed() is None
+        assert relay_op.path == "relay", "uninstall leaves models built with the drop-in alone"
         try:
             dropin.install("sideways")
         except ValueError as e:
@@ -86,6 +90,7 @@ def test_install_swaps_and_falls_back_with_a_reason():
             raise AssertionError("a bad path was accepted")
     finally:
         sys.path.remove(root)
+        shutil.rmtree(root, ignore_errors=True)
         for name in [m for m in sys.modules if m == "deepmd" or m.startswith("deepmd.")]:
             del sys.modules[name]
 
@@ -93,7 +98,10 @@ def test_install_swaps_and_falls_back_with_a_reason():
 def _run(env_value, code):
     root = _stub_tree()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, PKG]), MIXSTACK_DEEPMD=env_value)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    try:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_environment_switch_installs_after_the_module_is_imported():
@@ -101,12 +109,12 @@ def test_environment_switch_installs_after_the_module_is_imported():
     code = (
         "import mixstack_torch.deepmd_plugin, mixstack_torch.deepmd as d\n"
         "import deepmd.kernels.triton.sezm.so2_value_path as m\n"
-        "assert m._mixing_stack_op is d.stack_op, m._mixing_stack_op\n"
+        "assert isinstance(m._mixing_stack_op, d.StackOp), m._mixing_stack_op\n"
         "print(d.installed())\n"
     )
     r = _run("fused", code)
     assert r.returncode == 0 and r.stdout.strip() == "fused", (r.stdout, r.stderr)
-    r = _run("0", code.replace("is d.stack_op", "is m.upstream").replace("print(d.installed())", "print('off')"))
+    r = _run("0", code.replace("isinstance(m._mixing_stack_op, d.StackOp)", "m._mixing_stack_op is m.upstream").replace("print(d.installed())", "print('off')"))
     assert r.returncode == 0 and r.stdout.strip() == "off", (r.stdout, r.stderr)
     r = _run("sideways", "import mixstack_torch.deepmd_plugin")
     assert r.returncode != 0 and "MIXSTACK_DEEPMD" in r.stderr, r.stderr

@@ -84,6 +84,19 @@ def test_cpu_tensors_are_a_value_error():
         assert "CUDA" in str(e), e
     else:
         raise AssertionError("CPU tensors were accepted")
+    # the backward op checks what a direct call passes, too
+    u0, alpha, w0, w1, gw = (t.detach() for t in _inputs())
+    out, z = torch.zeros(E, F, ROW), torch.zeros(N - 1, F, E, ROW)
+    for what, args in [
+        ("CUDA", (out, out, z, alpha, w0, w1, gw)),
+        ("CUDA", (out[:3], out, z, alpha, w0, w1, gw)),
+    ]:
+        try:
+            torch.ops.mixstack.stack_bwd(*args, L, CF, True, "relay")
+        except ValueError as e:
+            assert what in str(e), e
+        else:
+            raise AssertionError("stack_bwd accepted CPU tensors")
     try:
         mt.mixstack_stack(*_inputs(), L, CF, True, path="sideways")
     except ValueError as e:

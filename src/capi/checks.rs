@@ -201,6 +201,8 @@ impl<T: Element> Valid<T, (ForwardPtrs, ForwardWeights)> {
     /// the device, not overlapped by an output).
     pub(super) fn forward_with(sh: StackShape, e: usize, ptrs: ForwardPtrs, w: ForwardWeights) -> Result<Self, Fail> {
         let (call, mut inputs, outputs) = forward_parts::<T>(sh, e, ptrs)?;
+        // Without a gated layer GW is neither read nor checked (as z_all).
+        let w = ForwardWeights { gw: if sh.gated() > 0 { w.gw } else { 0 }, ..w };
         let call = call.with_weights(w)?;
         let [w0, w1, gw] = weight_lens(&sh)?;
         inputs.extend(weight_tensors::<T>(&[("w0", w.w0, w0), ("w1", w.w1, w1), ("gw", w.gw, gw)])?);
@@ -225,6 +227,8 @@ impl<T: Element> Valid<T, (BackwardPtrs, BackwardWeights)> {
         w: BackwardWeights,
     ) -> Result<Self, Fail> {
         let (call, mut inputs, outputs) = backward_parts::<T>(sh, e, ptrs)?;
+        let gated = sh.gated() > 0;
+        let w = BackwardWeights { gw: if gated { w.gw } else { 0 }, gwt: if gated { w.gwt } else { 0 }, ..w };
         let call = call.with_weights(w)?;
         let [w0, w1, gw] = weight_lens(&sh)?;
         let named = [("wt0", w.wt0, w0), ("wt1", w.wt1, w1), ("gw", w.gw, gw), ("gwt", w.gwt, gw)];
