@@ -140,11 +140,14 @@ def _check_tensors(tensors):
         )
 
 
-def _check_scalars_and_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim, path):
-    """The path, lmax, Cf, and the weights' shapes for F focus streams; n_layers."""
+def _check_scalars(lmax, focus_dim, path):
     _need(path in PATHS, f"path must be one of {sorted(PATHS)}, got {path!r}")
     _need(isinstance(lmax, int) and lmax >= 1, f"lmax must be an int >= 1, got {lmax!r}")
     _need(isinstance(focus_dim, int) and focus_dim >= 1, f"focus_dim must be an int >= 1, got {focus_dim!r}")
+
+
+def _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim):
+    """The weights' shapes for F focus streams; returns n_layers."""
     L, cf = lmax, focus_dim
     m0, m1, lg = (L + 1) * cf, 2 * L * cf, L * cf
     _need(w0_all.dim() == 4, f"w0_all must be (n_layers, F, M0, M0), got shape {tuple(w0_all.shape)}")
@@ -161,26 +164,29 @@ def _check_scalars_and_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim, path)
 
 def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
     _check_tensors({"u0": u0, "alpha": alpha, "w0_all": w0_all, "w1_all": w1_all, "gw_all": gw_all})
+    _check_scalars(lmax, focus_dim, path)
+    row, _ = _dims(lmax, focus_dim)
     _need(u0.dim() == 3, f"u0 must be (F, E, ROW), got shape {tuple(u0.shape)}")
     F, E, r = u0.shape
-    _need(F >= 1, "u0 has F = 0 focus streams")
-    n = _check_scalars_and_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim, path)
-    row, _ = _dims(lmax, focus_dim)
     _need(r == row, f"u0 has {r} columns, expected ROW = (3*lmax+1)*focus_dim = {row}")
+    _need(F >= 1, "u0 has F = 0 focus streams")
     _need(tuple(alpha.shape) == (E, F), f"alpha must be (E, F) = {(E, F)}, got {tuple(alpha.shape)}")
-    return F, E, n
+    return F, E, _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim)
 
 
 def _validate_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
     """The backward's inputs, as a direct call may pass them (autograd's come
     checked from the forward): the forward's outputs' shapes, one device and
     dtype, dense (grad_out is made dense before)."""
-    tensors = {"out": out, "grad_out": grad_out, "z_all": z_all, "alpha": alpha}
-    _check_tensors(dict(tensors, w0_all=w0_all, w1_all=w1_all, gw_all=gw_all))
-    _need(out.dim() == 3, f"out must be (E, F, ROW), got shape {tuple(out.shape)}")
-    E, F, r = out.shape
-    n = _check_scalars_and_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim, path)
+    _check_tensors(
+        {"out": out, "grad_out": grad_out, "z_all": z_all, "alpha": alpha, "w0_all": w0_all, "w1_all": w1_all,
+         "gw_all": gw_all}
+    )
+    _check_scalars(lmax, focus_dim, path)
     row, _ = _dims(lmax, focus_dim)
+    _need(out.dim() == 3, f"out must be (E, F, ROW), got shape {tuple(out.shape)}")
+    E, F, _r = out.shape
+    n = _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim)
     for name, t, want in (
         ("out", out, (E, F, row)),
         ("grad_out", grad_out, (E, F, row)),

@@ -105,6 +105,51 @@ def test_cpu_tensors_are_a_value_error():
         raise AssertionError("a bad path was accepted")
 
 
+def test_refusals_on_fake_cuda_tensors():
+    # FakeTensorMode makes CUDA tensors without a GPU: every argument check
+    # the op runs before it touches the library, with the message it gives.
+    from mixstack_torch import ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        u0, alpha, w0, w1, gw = (t.detach().to("cuda") for t in _inputs())
+        ws = (w0, w1, gw)
+
+        def call(u0=u0, alpha=alpha, ws=ws, cf=CF, path="auto"):
+            return ops._validate(u0, alpha, *ws, L, cf, path)
+
+        assert call() == (F, E, N)
+        cases = [
+            ("CPU u0", dict(u0=torch.empty(F, E, ROW)), ["u0", "CUDA"]),
+            ("non-contiguous", dict(u0=torch.empty(E, F, ROW, device="cuda").transpose(0, 1)), ["u0", "contiguous"]),
+            ("float16", dict(u0=u0.half()), ["float16"]),
+            ("mixed dtypes", dict(alpha=alpha.double()), ["alpha", "dtype"]),
+            ("alpha shape", dict(alpha=alpha[:3]), ["alpha"]),
+            ("ROW", dict(cf=16), ["ROW"]),
+            ("path", dict(path="bogus"), ["path"]),
+            ("gw shape", dict(ws=(w0, w1, gw[:, :, :8])), ["gw_all"]),
+        ]
+        for what, kw, needles in cases:
+            try:
+                call(**kw)
+            except ValueError as e:
+                assert all(n in str(e) for n in needles), f"{what}: {e}"
+            else:
+                raise AssertionError(f"{what} was accepted")
+        out, z = torch.empty(E, F, ROW, device="cuda"), torch.empty(N - 1, F, E, ROW, device="cuda")
+        assert ops._validate_bwd(out, out, z, alpha, *ws, L, CF, "relay") == (F, E, N)
+        for what, args, needle in [
+            ("grad_out shape", (out[:2], out, z, alpha), "grad_out"),
+            ("z_all shape", (out, out, z[:, :1], alpha), "z_all"),
+        ]:
+            try:
+                ops._validate_bwd(*args, *ws, L, CF, "relay")
+            except ValueError as e:
+                assert needle in str(e), f"{what}: {e}"
+            else:
+                raise AssertionError(f"{what} was accepted")
+
+
 def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _runner import run
