@@ -56,6 +56,7 @@ fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool
         smem_static: 0,
         accepted,
         spec_default: is_default,
+        gpu_defaults: &[],
         ptx: "",
         ptx_file: "",
         cubin: None,
@@ -724,4 +725,40 @@ fn stage_roles_come_from_the_spec() {
     assert_eq!(FUSED_CF_LIMIT, specs.stages.regime.fused_cf_below);
     assert_eq!(table::CUBLAS_GATE_FROM_CF, specs.stages.regime.cublas_gate_from_cf);
     assert_eq!(table::STAGE_ROLES.to_vec(), specs.roles());
+}
+
+/// The chain of defaults: the device's own (tiles.yaml `gpu`), the generic
+/// one, the first usable; and which link chose.
+#[test]
+fn gpu_defaults_chain() {
+    use mixstack::kinds::{gpu_matches, preferred_ranked};
+    use mixstack::runtime::dispatch::DefaultReason;
+    assert_eq!(preferred_ranked([5, 6, 7], |c| if c == 7 { 0 } else { 1 }), Some(7));
+    assert_eq!(preferred_ranked([5, 6, 7], |_| 2), Some(5));
+    assert!(gpu_matches("h200", "NVIDIA H200") && gpu_matches(" H100 ", "NVIDIA H100 80GB HBM3"));
+    assert!(!gpu_matches("H200", "NVIDIA H100"));
+
+    let mut t = relay_entries(Dtype::F32, 32);
+    let generic = entry(Stage::BwdFused, Dtype::F32, 32, stream(128, 32, 32, 8, 4), true, true);
+    let mut on_h200 = entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 32, 32, 4, 4), true, false);
+    on_h200.gpu_defaults = &["H200"];
+    let mut big_on_a100 = entry(Stage::BwdFused, Dtype::F32, 32, stream(128, 64, 32, 8, 8), true, false);
+    big_on_a100.gpu_defaults = &["A100"];
+    big_on_a100.smem_fixed = 200_000;
+    let names = (generic.name, on_h200.name);
+    t.extend([generic, on_h200, big_on_a100]);
+    let choose = |gpu: Option<&'static str>| {
+        let d = Dispatch::new(&t).with_smem_limit(Some(150_000)).with_gpu(gpu);
+        let (e, why) = d.default_with_reason(Stage::BwdFused, Dtype::F32, 32, 3).unwrap();
+        (e.name, why)
+    };
+    assert_eq!(choose(Some("NVIDIA H200")), (names.1, DefaultReason::GpuDefault("H200")));
+    assert_eq!(choose(Some("NVIDIA H100 80GB HBM3")), (names.0, DefaultReason::SpecDefault));
+    assert_eq!(choose(None), (names.0, DefaultReason::SpecDefault));
+    // A100's own default does not fit the shared memory: the generic one
+    assert_eq!(choose(Some("NVIDIA A100-SXM4-80GB")), (names.0, DefaultReason::SpecDefault));
+    // no default at all usable: the first in table order, said so
+    let d = Dispatch::new(&t).with_gpu(Some("NVIDIA H100"));
+    let (_, why) = d.default_with_reason(Stage::BwdGemm, Dtype::F32, 32, 3).unwrap();
+    assert!(matches!(why, DefaultReason::FirstUsable | DefaultReason::SpecDefault), "{why:?}");
 }

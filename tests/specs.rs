@@ -170,6 +170,32 @@ fn a_second_default_for_one_key_is_refused() {
     assert_eq!(line_of(&e, "tiles.yaml"), shipped.lines().count() + 1, "{e}");
 }
 
+/// Defaults keyed by GPU: one per (stage, dtype, Cf, GPU), beside the
+/// generic one; the instance knows the GPUs that name it.
+#[test]
+fn gpu_keyed_defaults() {
+    let gpu_default = "  - {stage: bwd_fused, dtype: f32, cf: 32, tile: m32_n64_k16_t8x4_s2_b6_ps, gpu: H200}\n";
+    let dir = specs_with("tiles.yaml", |t| format!("{t}{gpu_default}"));
+    let specs = spec::load(&dir).unwrap();
+    let exp = expand(&specs, None).unwrap();
+    let named: Vec<_> = exp.instances.iter().filter(|i| !i.gpu_defaults.is_empty()).collect();
+    assert_eq!(named.len(), 1);
+    assert_eq!(named[0].name, "ms_bwd_fused_f32_cf32_m32_n64_k16_t8x4_s2_b6_ps");
+    assert_eq!(named[0].gpu_defaults, ["H200"]);
+    assert!(!named[0].is_default, "a GPU's default is not the generic one");
+    // a second default for the same GPU (any case) is refused; another GPU is fine
+    let again = gpu_default.replace("m32_n64_k16_t8x4_s2_b6_ps", "m64_n64_k16_t8x4_s2_b4_ps").replace("H200", "h200");
+    let dir = specs_with("tiles.yaml", |t| format!("{t}{gpu_default}{again}"));
+    let e = load_err(&dir);
+    assert!(e.contains("a second default") && e.contains("on GPU h200"), "{e}");
+    let other = again.replace("h200", "A100");
+    let dir = specs_with("tiles.yaml", |t| format!("{t}{gpu_default}{other}"));
+    spec::load(&dir).unwrap();
+    let empty = gpu_default.replace("gpu: H200", "gpu: ' '");
+    let dir = specs_with("tiles.yaml", |t| format!("{t}{empty}"));
+    assert!(load_err(&dir).contains("empty GPU name"));
+}
+
 #[test]
 fn numbers_that_overflow_or_make_no_sense_are_refused() {
     let entry = "block_m: 64, bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 4";

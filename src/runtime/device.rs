@@ -21,3 +21,17 @@ pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>, MixError> {
     }
     CudaContext::new(ordinal).during(|| format!("creating the primary context of device {ordinal}"))
 }
+
+/// The device's name ("NVIDIA H200"), which tiles.yaml's GPU-keyed defaults
+/// are matched against; kept for the process (one string per distinct name).
+pub fn device_name(ctx: &CudaContext) -> Result<&'static str, MixError> {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let name = ctx.name().during(|| "querying the device's name".into())?;
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return Ok(n);
+    }
+    let n: &'static str = Box::leak(name.into_boxed_str());
+    names.push(n);
+    Ok(n)
+}

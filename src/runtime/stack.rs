@@ -310,8 +310,8 @@ impl<T: Element> Stack<T> {
         Self::build(stream, dispatch, shape, None)
     }
 
-    /// `dispatch` limited to the device's opt-in shared memory (unless it
-    /// has a limit already), and the shape checked against it.
+    /// `dispatch` limited to the device's opt-in shared memory and keyed to
+    /// its name (unless set already), and the shape checked against it.
     fn device_dispatch(
         stream: &Arc<CudaStream>,
         dispatch: Dispatch<'static>,
@@ -326,6 +326,11 @@ impl<T: Element> Stack<T> {
                     .during(|| "querying the opt-in shared memory limit".into())?;
                 dispatch.with_smem_limit(Some(optin.max(0) as u64))
             }
+        };
+        // The defaults tiles.yaml keys by GPU: matched against this device's name.
+        let dispatch = match dispatch.gpu() {
+            Some(_) => dispatch,
+            None => dispatch.with_gpu(Some(super::device::device_name(stream.context())?)),
         };
         validate_shape::<T>(&dispatch, shape)?;
         Ok(dispatch)

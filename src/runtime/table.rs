@@ -29,6 +29,8 @@ pub struct KernelEntry {
     /// Named by tiles.yaml's `defaults` for its key (the tile precedence
     /// rule, `kinds::preferred`, prefers it where usable).
     pub spec_default: bool,
+    /// The GPUs (parts of a device name) whose tiles.yaml default names it.
+    pub gpu_defaults: &'static [&'static str],
     /// Embedded PTX: only where there is no cubin (snapshot builds).
     pub ptx: &'static str,
     /// Where the build left this instance's PTX (for the snapshot test).

@@ -38,6 +38,36 @@ pub struct PlanArgs {
     /// Opt-in shared memory per block the plan may use (default: H100 / H200).
     #[arg(long, default_value_t = 232_448)]
     smem: u64,
+    /// The device name tiles.yaml's GPU-keyed defaults are matched against
+    /// ("NVIDIA H200"); without --plan, prints the dispatch table it gets.
+    #[arg(long)]
+    pub gpu: Option<String>,
+}
+
+fn dispatch(a: &PlanArgs) -> &'static Dispatch<'static> {
+    let gpu: Option<&'static str> = a.gpu.clone().map(|g| &*Box::leak(g.into_boxed_str()));
+    Box::leak(Box::new(Dispatch::builtin().with_smem_limit(Some(a.smem)).with_gpu(gpu)))
+}
+
+/// `mixstack report --gpu NAME`: each key's kernel on that GPU, and which
+/// link of the chain of defaults chose it.
+pub fn gpu_table(a: &PlanArgs) -> CliResult {
+    let d = dispatch(a);
+    let name = a.gpu.as_deref().unwrap_or_default();
+    println!("# dispatch on GPU {name:?} (smem {} B): kernel, and why", a.smem);
+    let (lo, hi) = d.lmax_range();
+    for dtype in [Dtype::F32, Dtype::F64] {
+        for cf in d.cfs(dtype) {
+            for stage in mixstack::kinds::Stage::ALL {
+                for lmax in lo..=hi {
+                    if let Some((e, why)) = d.default_with_reason(stage, dtype, cf, lmax) {
+                        println!("{:<15} {dtype} cf {cf:>3} lmax {lmax}: {} ({why})", stage.as_str(), e.name);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn run(a: &PlanArgs) -> CliResult {
@@ -45,7 +75,7 @@ pub fn run(a: &PlanArgs) -> CliResult {
     if a.e == 0 {
         return Err("--e 0: a call with no edge runs no step".into());
     }
-    let d: &'static Dispatch<'static> = Box::leak(Box::new(Dispatch::builtin().with_smem_limit(Some(a.smem))));
+    let d = dispatch(a);
     let shape = StackShape::new(a.f, a.cf, a.lmax, a.layers);
     match dtype {
         Dtype::F32 => validate_shape::<f32>(d, &shape)?,
@@ -54,7 +84,8 @@ pub fn run(a: &PlanArgs) -> CliResult {
     let planner = Planner { shape, dtype, dispatch: d };
     let machine = Machine { cublas: !a.no_cublas, scratch_cap: a.cap.unwrap_or(u64::MAX) };
     let tiles = TileOverride::new();
-    println!("# plan: {dtype} F {} Cf {} lmax {} layers {} E {}; {machine:?}", a.f, a.cf, a.lmax, a.layers, a.e);
+    let gpu = a.gpu.as_deref().map_or(String::new(), |g| format!(", GPU {g:?}"));
+    println!("# plan: {dtype} F {} Cf {} lmax {} layers {} E {}{gpu}; {machine:?}", a.f, a.cf, a.lmax, a.layers, a.e);
     print!("## forward\n{}", planner.forward(a.e, true, &tiles, &machine)?);
     let choice = planner.backward_choice(a.fused, &tiles, machine.cublas)?;
     println!("## backward: {} ({})", choice.decision.path, choice.decision.reason);

@@ -48,6 +48,9 @@ pub struct ManifestInstance {
     pub smem_per_lg: u32,
     pub accepted: bool,
     pub is_default: bool,
+    /// The GPUs whose tiles.yaml default names this instance.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_defaults: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -108,6 +111,7 @@ pub fn manifest_instance(b: &Built) -> ManifestInstance {
         smem_per_lg: i.layout.per_lg,
         accepted: b.accepted,
         is_default: b.is_default,
+        gpu_defaults: b.instance.gpu_defaults.clone(),
     }
 }
 
@@ -200,9 +204,9 @@ pub fn kernel_table(built: &[Built], lmax: (u32, u32), source: &str, manifest_pa
         };
         let _ = writeln!(
             s,
-            "    KernelEntry {{ name: {:?}, stage: Stage::{:?}, variant: Variant::{:?}, dtype: Dtype::{:?}, cf: {}, geometry: {geometry}, threads: {}, smem_fixed: {}, smem_per_lg: {}, registers: {}, spill_stores: {}, spill_loads: {}, stack_bytes: {}, smem_static: {}, accepted: {}, spec_default: {}, ptx: {ptx}, ptx_file: {ptx_file}, cubin: {cubin} }},",
+            "    KernelEntry {{ name: {:?}, stage: Stage::{:?}, variant: Variant::{:?}, dtype: Dtype::{:?}, cf: {}, geometry: {geometry}, threads: {}, smem_fixed: {}, smem_per_lg: {}, registers: {}, spill_stores: {}, spill_loads: {}, stack_bytes: {}, smem_static: {}, accepted: {}, spec_default: {}, gpu_defaults: &{:?}, ptx: {ptx}, ptx_file: {ptx_file}, cubin: {cubin} }},",
             i.name, i.stage, i.variant, i.dtype, i.cf, i.threads(), i.layout.fixed, i.layout.per_lg,
-            r.registers, r.spill_stores, r.spill_loads, r.stack_bytes, r.smem_static, b.accepted, i.is_default
+            r.registers, r.spill_stores, r.spill_loads, r.stack_bytes, r.smem_static, b.accepted, i.is_default, i.gpu_defaults
         );
     }
     s.push_str("];\n");

@@ -21,7 +21,10 @@ pub struct Instance {
     pub seg: Option<u32>,
     pub params: Vec<String>,
     pub doc: String,
+    /// Named by a tiles.yaml default without a GPU.
     pub is_default: bool,
+    /// The GPUs whose tiles.yaml default names it.
+    pub gpu_defaults: Vec<String>,
 }
 
 impl Instance {
@@ -72,11 +75,12 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                         out.pruned.push(Pruned { name, reason });
                         continue;
                     }
-                    let is_default = specs
-                        .tiles
-                        .defaults
-                        .iter()
-                        .any(|d| d.stage == st.name && d.dtype == dtype && d.cf == cf && d.tile == geometry.tag());
+                    let names_this = |d: &&crate::spec::DefaultSpec| {
+                        d.stage == st.name && d.dtype == dtype && d.cf == cf && d.tile == geometry.tag()
+                    };
+                    let defaults = specs.tiles.defaults.iter().filter(names_this);
+                    let is_default = defaults.clone().any(|d| d.gpu.is_none());
+                    let gpu_defaults: Vec<String> = defaults.filter_map(|d| d.gpu.clone()).collect();
                     out.instances.push(Instance {
                         name,
                         stage: st.name,
@@ -91,6 +95,7 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                         params: st.params.clone(),
                         doc: st.doc.clone(),
                         is_default,
+                        gpu_defaults,
                     });
                 }
             }

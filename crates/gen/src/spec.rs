@@ -205,6 +205,10 @@ pub struct DefaultSpec {
     pub cf: u32,
     /// The tile part of the canonical name, e.g. `m32_n64_k32_t4x4`.
     pub tile: String,
+    /// The GPUs this default is for: a part of the device name, matched
+    /// without case ("H200", "A100"); none: every GPU without one of its own.
+    #[serde(default)]
+    pub gpu: Option<String>,
 }
 
 // ----------------------------------------------------------------- loading
@@ -537,17 +541,23 @@ impl Specs {
         self.validate_defaults()
     }
 
-    /// One default per (stage, dtype, Cf): with two, the winner would be
-    /// whichever the table met first.
+    /// One default per (stage, dtype, Cf, GPU): with two, the winner would
+    /// be whichever the table met first.
     fn validate_defaults(&self) -> Result<(), SpecError> {
         let d = &self.tiles.defaults;
+        let gpu_of = |x: &DefaultSpec| x.gpu.as_deref().map(str::to_ascii_lowercase);
         for (i, x) in d.iter().enumerate() {
-            if let Some(j) = d[..i].iter().position(|y| (y.stage, y.dtype, y.cf) == (x.stage, x.dtype, x.cf)) {
+            if x.gpu.as_deref().is_some_and(|g| g.trim().is_empty()) {
+                return Err(self.invalid("tiles.yaml", format!("defaults[{i}].gpu"), "an empty GPU name"));
+            }
+            let key = (x.stage, x.dtype, x.cf, gpu_of(x));
+            if let Some(j) = d[..i].iter().position(|y| (y.stage, y.dtype, y.cf, gpu_of(y)) == key) {
+                let on = x.gpu.as_deref().map_or(String::new(), |g| format!(" on GPU {g}"));
                 return Err(self.invalid(
                     "tiles.yaml",
                     format!("defaults[{i}]"),
                     format!(
-                        "a second default for ({}, {}, Cf {}): defaults[{j}] (line {}) names {}",
+                        "a second default for ({}, {}, Cf {}){on}: defaults[{j}] (line {}) names {}",
                         x.stage,
                         x.dtype,
                         x.cf,

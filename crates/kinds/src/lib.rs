@@ -255,12 +255,25 @@ pub fn name_with_tag(stage: Stage, dtype: Dtype, cf: u32, tag: &str) -> String {
 /// runtime's choice: among a key's usable instances, in spec order, the one
 /// tiles.yaml names as the key's default, else the first.
 pub fn preferred<T: Copy>(usable: impl IntoIterator<Item = T>, is_default: impl Fn(T) -> bool) -> Option<T> {
-    let mut first = None;
+    preferred_ranked(usable, |c| if is_default(c) { 0 } else { 1 })
+}
+
+/// [`preferred`] over a chain of defaults: the usable instance of the lowest
+/// rank, the first in spec order among equals (the runtime ranks the
+/// device's own default 0, the generic default 1, the rest 2).
+pub fn preferred_ranked<T: Copy>(usable: impl IntoIterator<Item = T>, rank: impl Fn(T) -> u8) -> Option<T> {
+    let mut best: Option<(u8, T)> = None;
     for c in usable {
-        if is_default(c) {
-            return Some(c);
+        let r = rank(c);
+        if best.is_none_or(|(b, _)| r < b) {
+            best = Some((r, c));
         }
-        first.get_or_insert(c);
     }
-    first
+    best.map(|(_, c)| c)
+}
+
+/// Whether a tiles.yaml GPU key names this device: a part of its name,
+/// without case ("H200" names "NVIDIA H200").
+pub fn gpu_matches(key: &str, device_name: &str) -> bool {
+    device_name.to_ascii_lowercase().contains(&key.trim().to_ascii_lowercase())
 }
