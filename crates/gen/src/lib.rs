@@ -6,6 +6,7 @@ pub mod args;
 pub mod buildlog;
 pub mod check;
 pub mod compile;
+pub mod defaults;
 pub mod embed;
 pub mod expand;
 pub mod layout;
