@@ -8,28 +8,13 @@ use mixstack::runtime::{open_device, BackwardOptions, CallMemory, GateGemm, Path
 use rand::{rngs::StdRng as SmallRng, Rng, SeedableRng};
 use serde::Serialize;
 
-use super::workload::{preset, Workload};
+use super::workload::{Workload, WorkloadArgs};
 use std::sync::Arc;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// A named workload: seed (F=2 E=646000 Cf=32 L=3 3 layers, alpha),
-    /// cf64 (Cf=64 L=2, F=2, alpha), f1 (F=1 Cf=32 L=3, no alpha).
-    #[arg(long, conflicts_with_all = ["focus", "edges", "cf", "lmax", "layers"])]
-    pub preset: Option<String>,
-    #[arg(long)]
-    pub focus: Option<usize>,
-    #[arg(long)]
-    pub edges: Option<usize>,
-    #[arg(long)]
-    pub cf: Option<usize>,
-    #[arg(long)]
-    pub lmax: Option<usize>,
-    #[arg(long)]
-    pub layers: Option<usize>,
-    /// Without the competition weight alpha.
-    #[arg(long)]
-    pub no_alpha: bool,
+    #[command(flatten)]
+    pub shape: WorkloadArgs,
     /// Timed repetitions per path (after warm-up).
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
@@ -86,7 +71,7 @@ pub struct BenchReport {
     pub cublas_gate: Option<super::cublas_gate::CublasGate>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = v.len();
     if n % 2 == 1 {
@@ -96,20 +81,14 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-fn random(rng: &mut SmallRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+pub(crate) fn random(rng: &mut SmallRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(lo..hi)).collect()
 }
 
 pub fn run_default() -> CliResult {
     match open_device(0) {
         Ok(_) => run(&BenchArgs {
-            preset: Some("seed".into()),
-            focus: None,
-            edges: None,
-            cf: None,
-            lmax: None,
-            layers: None,
-            no_alpha: false,
+            shape: WorkloadArgs { preset: Some("seed".into()), ..WorkloadArgs::default() },
             reps: 20,
             variants: vec![],
             forward_variants: vec![],
@@ -123,7 +102,7 @@ pub fn run_default() -> CliResult {
     }
 }
 
-type Stream = Arc<cudarc::driver::CudaStream>;
+pub(crate) type Stream = Arc<cudarc::driver::CudaStream>;
 
 fn time_ms(stream: &Stream, f: &mut dyn FnMut() -> CliResult) -> Result<f64, Box<dyn std::error::Error>> {
     let ctx = stream.context();
@@ -137,7 +116,7 @@ fn time_ms(stream: &Stream, f: &mut dyn FnMut() -> CliResult) -> Result<f64, Box
 
 /// Warm-up calls, then `reps` timed calls of `call(v)` for every variant v,
 /// interleaved within each repetition so their ratios are side by side.
-fn interleaved(
+pub(crate) fn interleaved(
     stream: &Stream,
     variants: usize,
     reps: usize,
@@ -183,18 +162,7 @@ fn summarise(
 }
 
 pub fn run(args: &BenchArgs) -> CliResult {
-    let w = match &args.preset {
-        Some(p) => preset(p)?,
-        None => Workload {
-            f: args.focus.ok_or("--focus (or --preset) is required")?,
-            e: args.edges.ok_or("--edges (or --preset) is required")?,
-            cf: args.cf.ok_or("--cf (or --preset) is required")?,
-            lmax: args.lmax.ok_or("--lmax (or --preset) is required")?,
-            n_layers: args.layers.ok_or("--layers (or --preset) is required")?,
-            apply_alpha: !args.no_alpha,
-        },
-    };
-    let w = Workload { apply_alpha: w.apply_alpha && !args.no_alpha, ..w };
+    let w = args.shape.workload()?;
     if args.reps == 0 {
         return Err("--reps must be at least 1".into());
     }
@@ -399,7 +367,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
 }
 
 /// Same length and the same bit pattern in every element of every buffer.
-fn bitwise_equal(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+pub(crate) fn bitwise_equal(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()))
 }

@@ -4,6 +4,7 @@ mod bench;
 mod cublas_gate;
 mod plan;
 mod report;
+mod tune;
 mod verify;
 mod workload;
 
@@ -43,6 +44,9 @@ enum Command {
     },
     /// GPU medians of forward and backward, relay and fused, side by side.
     Bench(bench::BenchArgs),
+    /// Time every accepted tile of each stage on this GPU (bitwise checked
+    /// against the default); `--write` records the winners in specs/tiles.yaml.
+    Tune(tune::TuneArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Some(Command::Report { json, .. }) => report::run(json),
         Some(Command::Verify { vectors }) => verify::run(vectors.as_deref()),
         Some(Command::Bench(args)) => bench::run(&args),
+        Some(Command::Tune(args)) => tune::run(&args),
         None => report::run(false).and_then(|_| verify::run(None)).and_then(|_| bench::run_default()),
     };
     match result {

@@ -3,6 +3,46 @@
 
 use serde::Serialize;
 
+/// The workload flags `bench` and `tune` share.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct WorkloadArgs {
+    /// A named workload: seed (F=2 E=646000 Cf=32 L=3 3 layers, alpha),
+    /// cf64 (Cf=64 L=2, F=2, alpha), f1 (F=1 Cf=32 L=3, no alpha).
+    #[arg(long, conflicts_with_all = ["focus", "edges", "cf", "lmax", "layers"])]
+    pub preset: Option<String>,
+    #[arg(long)]
+    pub focus: Option<usize>,
+    #[arg(long)]
+    pub edges: Option<usize>,
+    #[arg(long)]
+    pub cf: Option<usize>,
+    #[arg(long)]
+    pub lmax: Option<usize>,
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Without the competition weight alpha.
+    #[arg(long)]
+    pub no_alpha: bool,
+}
+
+impl WorkloadArgs {
+    /// The workload the flags name.
+    pub fn workload(&self) -> Result<Workload, String> {
+        let w = match &self.preset {
+            Some(p) => preset(p)?,
+            None => Workload {
+                f: self.focus.ok_or("--focus (or --preset) is required")?,
+                e: self.edges.ok_or("--edges (or --preset) is required")?,
+                cf: self.cf.ok_or("--cf (or --preset) is required")?,
+                lmax: self.lmax.ok_or("--lmax (or --preset) is required")?,
+                n_layers: self.layers.ok_or("--layers (or --preset) is required")?,
+                apply_alpha: !self.no_alpha,
+            },
+        };
+        Ok(Workload { apply_alpha: w.apply_alpha && !self.no_alpha, ..w })
+    }
+}
+
 #[derive(Serialize, Clone, Copy, Debug)]
 pub struct Workload {
     pub f: usize,
