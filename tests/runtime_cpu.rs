@@ -757,8 +757,12 @@ fn gpu_defaults_chain() {
     assert_eq!(choose(None), (names.0, DefaultReason::SpecDefault));
     // A100's own default does not fit the shared memory: the generic one
     assert_eq!(choose(Some("NVIDIA A100-SXM4-80GB")), (names.0, DefaultReason::SpecDefault));
-    // no default at all usable: the first in table order, said so
-    let d = Dispatch::new(&t).with_gpu(Some("NVIDIA H100"));
-    let (_, why) = d.default_with_reason(Stage::BwdGemm, Dtype::F32, 32, 3).unwrap();
-    assert!(matches!(why, DefaultReason::FirstUsable | DefaultReason::SpecDefault), "{why:?}");
+    // no default at all: the first in table order, said so
+    let plain = [
+        entry(Stage::BwdGemm, Dtype::F32, 32, gemm(64, 64, 32, 4, 4), true, false),
+        entry(Stage::BwdGemm, Dtype::F32, 32, gemm(128, 64, 32, 8, 4), true, false),
+    ];
+    let d = Dispatch::new(&plain).with_gpu(Some("NVIDIA H100"));
+    let (e, why) = d.default_with_reason(Stage::BwdGemm, Dtype::F32, 32, 3).unwrap();
+    assert_eq!((e.name, why), (plain[0].name, DefaultReason::FirstUsable));
 }

@@ -22,7 +22,6 @@ from . import _lib as _libmod
 from ._lib import PATHS, _PATH_NAMES, MixstackError, _check, _load
 
 _DTYPES = {torch.float32: 0, torch.float64: 1}
-_PATH_CODES = PATHS
 
 
 # ----------------------------------------------------------------------
@@ -165,7 +164,7 @@ def _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim):
 def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
     _check_tensors({"u0": u0, "alpha": alpha, "w0_all": w0_all, "w1_all": w1_all, "gw_all": gw_all})
     _check_scalars(lmax, focus_dim, path)
-    row, _ = _dims(lmax, focus_dim)
+    row = _row(lmax, focus_dim)
     _need(u0.dim() == 3, f"u0 must be (F, E, ROW), got shape {tuple(u0.shape)}")
     F, E, r = u0.shape
     _need(r == row, f"u0 has {r} columns, expected ROW = (3*lmax+1)*focus_dim = {row}")
@@ -183,7 +182,7 @@ def _validate_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, foc
          "gw_all": gw_all}
     )
     _check_scalars(lmax, focus_dim, path)
-    row, _ = _dims(lmax, focus_dim)
+    row = _row(lmax, focus_dim)
     _need(out.dim() == 3, f"out must be (E, F, ROW), got shape {tuple(out.shape)}")
     E, F, _r = out.shape
     n = _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim)
@@ -218,9 +217,9 @@ def _query_path(st):
     _last_path = (_PATH_NAMES.get(code.value), buf.value.decode("utf-8", "replace"))
 
 
-def _dims(lmax, focus_dim):
-    L, cf = lmax, focus_dim
-    return (3 * L + 1) * cf, L * cf
+def _row(lmax, focus_dim):
+    """ROW = (3L+1)Cf."""
+    return (3 * lmax + 1) * focus_dim
 
 
 @torch.library.custom_op("mixstack::stack", mutates_args=())
@@ -237,7 +236,7 @@ def stack(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward: ``(out (E, F, ROW), z_all (n_layers-1, F, E, ROW))``."""
     F, E, n_layers = _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path)
-    row, _ = _dims(lmax, focus_dim)
+    row = _row(lmax, focus_dim)
     dev = u0.device
     out = torch.empty((E, F, row), dtype=u0.dtype, device=dev)
     z_all = torch.empty((n_layers - 1, F, E, row), dtype=u0.dtype, device=dev)
@@ -279,7 +278,7 @@ def stack_bwd(
     if isinstance(grad_out, torch.Tensor) and isinstance(out, torch.Tensor):
         grad_out = grad_out.to(dtype=out.dtype).contiguous()
     F, E, n_layers = _validate_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path)
-    row, _ = _dims(lmax, focus_dim)
+    row = _row(lmax, focus_dim)
     dev = out.device
     grad_u0 = torch.empty((F, E, row), dtype=out.dtype, device=dev)
     grad_alpha = torch.empty((E, F), dtype=out.dtype, device=dev)
@@ -294,7 +293,7 @@ def stack_bwd(
         status = _load().mixstack_backward_w(
             st.handle, E, _ptr(grad_out), _ptr(out), _ptr(z_all), _ptr(alpha), int(bool(apply_alpha)),
             _ptr(wt0), _ptr(wt1), _ptr(gw_all), _ptr(gwt), _ptr(grad_u0), _ptr(grad_alpha),
-            _PATH_CODES[path], _current_stream(dev),
+            PATHS[path], _current_stream(dev),
         )
     _check(status, "mixstack_backward_w")
     _query_path(st)

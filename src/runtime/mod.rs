@@ -46,5 +46,7 @@ pub use gate_blas::{GateBlas, GateGemm, GATE_BLAS_MIN_CF};
 pub use launch::KernelTiming;
 pub use memory::CallMemory;
 pub use shape::StackShape;
-pub use stack::{BackwardOptions, BackwardPtrs, BackwardWeights, Checked, ForwardPtrs, ForwardWeights, Stack};
+pub use stack::{
+    BackwardOptions, BackwardPtrs, BackwardWeights, CallWeights, Checked, ForwardPtrs, ForwardWeights, Stack,
+};
 pub use switch::{parse_switch, FusedMode, FUSED_ENV};

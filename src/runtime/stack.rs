@@ -22,7 +22,7 @@ use super::fault::Fault;
 use super::gate_blas::{GateBlas, GateGemm};
 use super::launch::{KernelTiming, Kernels};
 use super::memory::{CallMemory, ScratchPool, Tracker};
-use super::plan::{self, BackwardChoice, Machine, Plan, Planner};
+use super::plan::{self, BackwardChoice, Machine, Planner};
 use super::shape::{StackShape, MAX_F};
 use super::switch::FusedMode;
 use super::table::KernelEntry;
@@ -120,23 +120,10 @@ impl<T, P> Checked<T, P> {
     }
 }
 
-impl<T> Checked<T, ForwardPtrs> {
+impl<T, P> Checked<T, P> {
     /// These buffers with the weights the call borrows, checked for the same
     /// shape (non-null where it needs them).
-    pub fn with_weights(self, weights: ForwardWeights) -> Result<Checked<T, (ForwardPtrs, ForwardWeights)>, MixError> {
-        if self.e > 0 {
-            weights.check(&self.shape)?;
-        }
-        Ok(Checked { shape: self.shape, e: self.e, ptrs: (self.ptrs, weights), elem: PhantomData })
-    }
-}
-
-impl<T> Checked<T, BackwardPtrs> {
-    /// As [`Checked::<T, ForwardPtrs>::with_weights`].
-    pub fn with_weights(
-        self,
-        weights: BackwardWeights,
-    ) -> Result<Checked<T, (BackwardPtrs, BackwardWeights)>, MixError> {
+    pub fn with_weights<W: CallWeights>(self, weights: W) -> Result<Checked<T, (P, W)>, MixError> {
         if self.e > 0 {
             weights.check(&self.shape)?;
         }
@@ -205,8 +192,13 @@ pub struct BackwardWeights {
     pub gwt: CUdeviceptr,
 }
 
-impl ForwardWeights {
+/// The weights one call borrows ([`ForwardWeights`], [`BackwardWeights`]).
+pub trait CallWeights: Copy {
     /// Every pointer the shape needs is non-null.
+    fn check(&self, shape: &StackShape) -> Result<(), MixError>;
+}
+
+impl CallWeights for ForwardWeights {
     fn check(&self, shape: &StackShape) -> Result<(), MixError> {
         nonnull(self.w0, "w0")?;
         nonnull(self.w1, "w1")?;
@@ -215,13 +207,15 @@ impl ForwardWeights {
         }
         Ok(())
     }
+}
+
+impl ForwardWeights {
     fn bind(&self, io: &mut Io) {
         (io.w0, io.w1, io.gw) = (self.w0, self.w1, self.gw);
     }
 }
 
-impl BackwardWeights {
-    /// Every pointer the shape needs is non-null.
+impl CallWeights for BackwardWeights {
     fn check(&self, shape: &StackShape) -> Result<(), MixError> {
         nonnull(self.wt0, "wt0")?;
         nonnull(self.wt1, "wt1")?;
@@ -231,6 +225,9 @@ impl BackwardWeights {
         }
         Ok(())
     }
+}
+
+impl BackwardWeights {
     fn bind(&self, io: &mut Io) {
         (io.wt0, io.wt1, io.gw, io.gwt) = (self.wt0, self.wt1, self.gw, self.gwt);
     }
@@ -752,19 +749,7 @@ impl<T: Element> Stack<T> {
         Ok(Machine { cublas: self.blas().is_some(), scratch_cap: self.scratch_cap()? })
     }
 
-    /// The forward's plan over `e` > 0 edges.
-    pub fn forward_plan(&self, e: usize, apply_alpha: bool, tiles: &TileOverride) -> Result<Plan, MixError> {
-        self.planner().forward(e, apply_alpha, tiles, &self.machine()?)
-    }
-
-    /// The backward's plan over `e` > 0 edges with `opts` (reads the
-    /// environment for [`FusedMode::FromEnv`]).
-    pub fn backward_plan_steps(&self, e: usize, apply_alpha: bool, opts: &BackwardOptions) -> Result<Plan, MixError> {
-        let choice = self.backward_choice(opts)?;
-        self.planner().backward(e, apply_alpha, &choice, &self.machine()?)
-    }
-
-    /// What a plan runs on: this stack's weights, kernels and cuBLAS.
+    /// What a plan runs on: this stack's kernels and cuBLAS.
     fn exec_env(&self) -> Env<'_> {
         Env { shape: self.shape, kernels: &self.kernels, gate_blas: self.gate_blas.as_ref() }
     }
@@ -800,7 +785,7 @@ impl<T: Element> Stack<T> {
             }
             None => self.own_weights(stream, &mut io, false)?,
         };
-        let plan = self.forward_plan(e, apply_alpha, tiles)?;
+        let plan = self.planner().forward(e, apply_alpha, tiles, &self.machine()?)?;
         *lock(&self.last_forward_chunking) = Some(plan.chunking);
         exec::run_plan::<T>(stream, &plan, &io, &self.exec_env(), tr)
     }

@@ -3,6 +3,7 @@
 //! breakdown, extra peak memory and a bitwise relay-vs-fused check.
 
 use super::CliResult;
+use cudarc::driver::CudaSlice;
 use mixstack::kinds::Stage;
 use mixstack::runtime::{open_device, BackwardOptions, CallMemory, GateGemm, Path, Stack, StackShape, TileOverride};
 use rand::{rngs::StdRng as SmallRng, Rng, SeedableRng};
@@ -81,8 +82,37 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-pub(crate) fn random(rng: &mut SmallRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+fn random(rng: &mut SmallRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+}
+
+/// A stack with random weights (scaled 1/sqrt(fan_in)) and random inputs
+/// for one workload: what bench and tune time.
+pub(crate) struct Problem {
+    pub stack: Stack<f32>,
+    pub u0: CudaSlice<f32>,
+    pub grad_out: CudaSlice<f32>,
+    pub alpha: CudaSlice<f32>,
+    /// GW on the host (the cuBLAS gate timing uploads its first layer).
+    pub gw: Vec<f32>,
+}
+
+impl Problem {
+    pub fn random(stream: &Stream, w: &Workload, rng: &mut SmallRng) -> Result<Self, Box<dyn std::error::Error>> {
+        let shape = StackShape::new(w.f, w.cf, w.lmax, w.n_layers);
+        let (m0, m1, row, lg) = (w.m0() as usize, w.m1() as usize, w.row() as usize, w.lg() as usize);
+        let (s0, s1, sg) = ((3.0 / m0 as f32).sqrt(), (3.0 / m1 as f32).sqrt(), (3.0 / w.cf as f32).sqrt());
+        let w0 = random(rng, w.n_layers * w.f * m0 * m0, -s0, s0);
+        let w1 = random(rng, w.n_layers * w.f * m1 * m1, -s1, s1);
+        let gw = random(rng, (w.n_layers - 1) * w.f * w.cf * lg, -sg, sg);
+        Ok(Problem {
+            stack: Stack::<f32>::new(stream, shape, &w0, &w1, &gw)?,
+            u0: stream.clone_htod(&random(rng, w.f * w.e * row, -1.0, 1.0))?,
+            grad_out: stream.clone_htod(&random(rng, w.f * w.e * row, -1.0, 1.0))?,
+            alpha: stream.clone_htod(&random(rng, w.e * w.f, 0.25, 1.25))?,
+            gw,
+        })
+    }
 }
 
 pub fn run_default() -> CliResult {
@@ -179,18 +209,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         w.f, w.e, w.cf, w.lmax, w.n_layers, w.apply_alpha
     );
 
-    let shape = StackShape::new(w.f, w.cf, w.lmax, w.n_layers);
-    let (m0, m1, row, lg) = (w.m0() as usize, w.m1() as usize, w.row() as usize, w.lg() as usize);
-    let s0 = (3.0 / m0 as f32).sqrt();
-    let s1 = (3.0 / m1 as f32).sqrt();
-    let sg = (3.0 / w.cf as f32).sqrt();
-    let w0 = random(&mut rng, w.n_layers * w.f * m0 * m0, -s0, s0);
-    let w1 = random(&mut rng, w.n_layers * w.f * m1 * m1, -s1, s1);
-    let gw = random(&mut rng, (w.n_layers - 1) * w.f * w.cf * lg, -sg, sg);
-    let stack = Stack::<f32>::new(&stream, shape, &w0, &w1, &gw)?;
-    let u0 = stream.clone_htod(&random(&mut rng, w.f * w.e * row, -1.0, 1.0))?;
-    let grad_out = stream.clone_htod(&random(&mut rng, w.f * w.e * row, -1.0, 1.0))?;
-    let alpha = stream.clone_htod(&random(&mut rng, w.e * w.f, 0.25, 1.25))?;
+    let Problem { stack, u0, grad_out, alpha, gw } = Problem::random(&stream, &w, &mut rng)?;
 
     // forward variants, interleaved per repetition
     let fspecs =
@@ -327,7 +346,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         None => println!("fused path not taken for this workload: relay only"),
     }
     let cublas_gate = if args.cublas_gate {
-        let gw0 = stream.clone_htod(&gw[..w.f * w.cf * lg])?;
+        let gw0 = stream.clone_htod(&gw[..w.f * w.cf * w.lg() as usize])?;
         let g = super::cublas_gate::time(&stream, &w, &stack, (&grad_out, &out, &z_all, &alpha), &gw0, args.reps)?;
         super::cublas_gate::print(&g);
         Some(g)

@@ -12,11 +12,11 @@ use std::time::Instant;
 use mixstack::kinds::{Dtype, Stage};
 use mixstack::runtime::dispatch::{forward_stages, is_fused_stage, Path};
 use mixstack::runtime::table::{self, Layers, Serves, Variant};
-use mixstack::runtime::{open_device, BackwardOptions, FusedMode, GateGemm, Stack, StackShape, TileOverride};
+use mixstack::runtime::{open_device, BackwardOptions, FusedMode, GateGemm, TileOverride};
 use mixstack_gen::defaults::{write, Default};
-use rand::{rngs::StdRng, SeedableRng};
+use rand::{rngs::StdRng as SmallRng, SeedableRng};
 
-use super::bench::{bitwise_equal, interleaved, median, random, Stream};
+use super::bench::{bitwise_equal, interleaved, median, Problem, Stream};
 use super::workload::{Workload, WorkloadArgs};
 use super::CliResult;
 
@@ -65,17 +65,8 @@ pub fn run(args: &TuneArgs) -> CliResult {
     let ctx = open_device(0).map_err(|e| format!("tune needs a CUDA GPU: {e}"))?;
     let device = ctx.name().unwrap_or_else(|_| "unknown".into());
     let stream: Stream = ctx.default_stream();
-    let mut rng = StdRng::seed_from_u64(0x7u64 << 40 | w.e as u64);
-    let shape = StackShape::new(w.f, w.cf, w.lmax, w.n_layers);
-    let (m0, m1, row, lg) = (w.m0() as usize, w.m1() as usize, w.row() as usize, w.lg() as usize);
-    let (s0, s1, sg) = ((3.0 / m0 as f32).sqrt(), (3.0 / m1 as f32).sqrt(), (3.0 / w.cf as f32).sqrt());
-    let w0 = random(&mut rng, w.n_layers * w.f * m0 * m0, -s0, s0);
-    let w1 = random(&mut rng, w.n_layers * w.f * m1 * m1, -s1, s1);
-    let gw = random(&mut rng, (w.n_layers - 1) * w.f * w.cf * lg, -sg, sg);
-    let stack = Stack::<f32>::new(&stream, shape, &w0, &w1, &gw)?;
-    let u0 = stream.clone_htod(&random(&mut rng, w.f * w.e * row, -1.0, 1.0))?;
-    let grad_out = stream.clone_htod(&random(&mut rng, w.f * w.e * row, -1.0, 1.0))?;
-    let alpha = stream.clone_htod(&random(&mut rng, w.e * w.f, 0.25, 1.25))?;
+    let mut rng = SmallRng::seed_from_u64(0x7u64 << 40 | w.e as u64);
+    let Problem { stack, u0, grad_out, alpha, .. } = Problem::random(&stream, &w, &mut rng)?;
     let (out, z_all) = stack.forward(&stream, &u0, &alpha, w.apply_alpha)?;
 
     let d = stack.dispatch();
