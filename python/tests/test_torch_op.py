@@ -460,9 +460,11 @@ def test_compile_export_and_make_fx_match_eager():
 
     c = make_case(2, 501, 32, 3, 3, torch.float32, seed=1200)
 
-    def f(u0, alpha, w0, w1, gw):
+    # grad_out is an input, as in a model (a closed-over real tensor is not
+    # a graph input under symbolic make_fx)
+    def f(u0, alpha, w0, w1, gw, grad_out):
         out, _ = mt.mixstack_stack(u0, alpha, w0, w1, gw, 3, 32, True, path="relay")
-        gu, ga = torch.autograd.grad(out, (u0, alpha), c["grad_out"])
+        gu, ga = torch.autograd.grad(out, (u0, alpha), grad_out)
         return out, gu, ga
 
     def inputs():
@@ -470,9 +472,9 @@ def test_compile_export_and_make_fx_match_eager():
         alpha = c["alpha"].detach().clone().requires_grad_(True)
         return u0, alpha, c["w0_all"], c["w1_all"], c["gw_all"]
 
-    want = f(*inputs())
-    gm = make_fx(f, tracing_mode="symbolic")(*inputs())
-    for a, b in zip(want, gm(*inputs())):
+    want = f(*inputs(), c["grad_out"])
+    gm = make_fx(f, tracing_mode="symbolic")(*inputs(), c["grad_out"])
+    for a, b in zip(want, gm(*inputs(), c["grad_out"])):
         assert torch.equal(a, b), "make_fx differs from eager"
     # torch.compile over the forward (autograd.grad stays outside the compiled
     # region; the compiled backward runs stack_bwd)

@@ -54,17 +54,26 @@ fn copy_2d(
     height: usize,
 ) -> Result<(), MixError> {
     use cudarc::driver::sys;
-    // SAFETY: all-zero is a valid CUDA_MEMCPY2D (host pointers null, no
-    // arrays); the device fields are set below.
-    let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.srcDevice = src;
-    c.srcPitch = src_pitch;
-    c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.dstDevice = dst;
-    c.dstPitch = dst_pitch;
-    c.WidthInBytes = width;
-    c.Height = height;
+    // Every field named: CUmemorytype has no zero value, so an all-zero
+    // struct is invalid in Rust (std::mem::zeroed aborts on it).
+    let c = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    };
     stream.context().bind_to_thread().during(|| "binding the context".into())?;
     // SAFETY: both ranges are device memory the caller sized for `height`
     // rows at their pitches.

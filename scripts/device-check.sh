@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call that checks a staged build (scripts/stage-device.sh):
+# the GPU tests and verify (scripts/on-device.sh tests), the Python op's
+# tests (on-device.sh python), the sanitizers named in SAN (scripts/
+# sanitize.sh), and Nsight Compute on the kernels matching NCU_K (one
+# launch each, with per-SASS-instruction source counters as CSV). Prints a
+# summary; packs every log into $OUT/results.tar.gz (the device tool brings
+# back at most 8 files).
+#   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT/r"
+export PYTHONUNBUFFERED=1
+if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
+if [ "${TESTS:-1}" = 1 ]; then
+  OUT=$OUT/r timeout "${TESTS_S:-300}" bash scripts/on-device.sh tests > "$OUT/r/tests.out" 2>&1; echo "tests rc=$?"
+  grep -E "^== |^test result|FAILED|panicked|SKIPPED|^verify" "$OUT/r/tests.out" | head -40
+fi
+if [ "${PY:-1}" = 1 ]; then
+  OUT=$OUT/r timeout "${PY_S:-150}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"
+  grep -E "^== |^FAIL|tests passed|FAILED|Error" "$OUT/r/python.out" | head -20
+fi
+for tool in ${SAN:-}; do
+  OUT=$OUT/r timeout "${SAN_S:-200}" bash scripts/sanitize.sh "$tool"; echo "sanitize $tool rc=$?"
+done
+if [ -n "${NCU_K:-}" ]; then
+  timeout "${NCU_S:-200}" ncu --clock-control none -k "regex:${NCU_K}" -c "${NCU_C:-2}" --set full --import-source no \
+    -o "$OUT/r/ncu" -f .device/mixstack bench --preset "${NCU_PRESET:-seed}" --reps 1 --variant relay --variant fused \
+    > "$OUT/r/ncu_run.log" 2>&1; echo "ncu rc=$?"
+  ncu -i "$OUT/r/ncu.ncu-rep" --page details > "$OUT/r/ncu_details.txt" 2>&1
+  ncu -i "$OUT/r/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/r/ncu_sass.csv" 2>&1
+  grep -E "^  [a-z_]|Duration|Issue Slots|Issued Ipc|FMA|Theoretical Occ|Achieved Occ|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/r/ncu_details.txt" | head -60
+fi
+tar -C "$OUT/r" -czf "$OUT/results.tar.gz" . && rm -rf "$OUT/r"
