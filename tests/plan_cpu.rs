@@ -9,6 +9,7 @@ use mixstack::runtime::args::StageCall;
 use mixstack::runtime::chunk::Chunking;
 use mixstack::runtime::dispatch::{Dispatch, Path, TileOverride};
 use mixstack::runtime::error::MixError;
+use mixstack::runtime::gate_blas::GATE_GEMM_ROWS;
 use mixstack::runtime::plan::{Addr, Buf, Machine, Plan, Planner, Step};
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
@@ -130,7 +131,8 @@ fn every_served_key_plans_forward_and_backward() {
             }
             want.extend([Stage::FwdFinal, Stage::FwdFinal]);
             assert_eq!(stages(&fwd), want, "forward {what}");
-            assert_eq!(gemms(&fwd), if blas { gated } else { 0 }, "forward {what}");
+            // one GEMM per focus (E < GATE_GEMM_ROWS: one piece)
+            assert_eq!(gemms(&fwd), if blas { gated * sh.f } else { 0 }, "forward {what}");
             // the identity layer writes the caller's out, both segments
             let outs: Vec<Addr> = fwd
                 .launches()
@@ -160,7 +162,7 @@ fn every_served_key_plans_forward_and_backward() {
                     }
                 }
                 assert_eq!(stages(&bwd), want, "backward {what}");
-                assert_eq!(gemms(&bwd), if relay_blas { 2 * gated } else { 0 }, "backward {what}");
+                assert_eq!(gemms(&bwd), if relay_blas { 2 * gated * sh.f } else { 0 }, "backward {what}");
                 // the last write lands in grad_u0
                 let last = bwd.launches().last().map(|(_, c)| c.clone()).unwrap();
                 let written = match last {
@@ -227,8 +229,9 @@ fn chunked_plans_cover_every_row_once_within_the_cap() {
         let sh = StackShape::new(2, cf, 3, n_layers);
         let p = Planner { shape: sh, dtype, dispatch: d };
         let row_bytes = (sh.row() * dtype.size()) as u64;
-        let e = 1001;
-        for cap in [row_bytes * 40, row_bytes * 333, row_bytes * 5000] {
+        // cuBLAS's gate GEMMs: chunks of whole GEMM pieces (GATE_GEMM_ROWS)
+        let (e, unit) = if cf >= 96 { (2 * GATE_GEMM_ROWS + 1001, GATE_GEMM_ROWS as u64 / 8) } else { (1001, 1) };
+        for cap in [row_bytes * 40 * unit, row_bytes * 333 * unit, row_bytes * 5000 * unit] {
             let machine = Machine { cublas: cf >= 96, scratch_cap: cap };
             let what = format!("{dtype} Cf {cf} layers {n_layers} fused {fused} cap {cap}");
             let fwd = p.forward(e, true, &TileOverride::new(), &machine).unwrap();
@@ -283,8 +286,8 @@ fn chunked_plans_cover_every_row_once_within_the_cap() {
                 });
                 assert_tiles(&format!("backward grad_u0 {what}"), spans, total);
             }
-            if cap == row_bytes * 40 {
-                assert!(matches!(fwd.chunking, Chunking::Chunks { .. }), "{what}: a 40-row cap should chunk");
+            if cap == row_bytes * 40 * unit {
+                assert!(matches!(fwd.chunking, Chunking::Chunks { .. }), "{what}: the smallest cap should chunk");
             }
         }
     }
@@ -314,4 +317,75 @@ fn overriding_a_cublas_stage_without_cublas_is_refused() {
     let machine = Machine { cublas: true, scratch_cap: NO_CAP };
     let fwd = p.forward(E, true, &tiles, &machine).unwrap();
     assert!(fwd.launches().any(|(k, _)| k.name == name));
+}
+
+/// The cuBLAS gate GEMMs of a chunked call are those of the whole call:
+/// one focus and one piece of GATE_GEMM_ROWS rows each, on the same rows
+/// of z_all with the same GW (cuBLAS picks its kernel by size, so equal
+/// sizes are what keeps chunked results bitwise those of the whole call).
+#[test]
+fn chunked_cublas_gate_gemms_are_the_whole_calls() {
+    let d = dispatch();
+    let sh = StackShape::new(2, 96, 2, 3);
+    let p = Planner { shape: sh, dtype: Dtype::F32, dispatch: d };
+    let e = 2 * GATE_GEMM_ROWS + 77;
+    let row_bytes = (sh.row() * 4) as u64;
+    let projections = |plan: &Plan| -> Vec<(Addr, Addr, usize)> {
+        let mut v: Vec<_> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Gemm { a, w, c: _, e, .. } if a.buf == Buf::ZAll => Some((*a, *w, *e)),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|(a, w, e)| (a.byte, w.byte, *e));
+        v
+    };
+    let sizes = |plan: &Plan| -> Vec<usize> {
+        let mut v: Vec<usize> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Gemm { e, .. } => Some(*e),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let whole_machine = Machine { cublas: true, scratch_cap: NO_CAP };
+    let choice = p.backward_choice(false, &TileOverride::new(), true).unwrap();
+    assert!(choice.gate_blas);
+    let fwd_whole = p.forward(e, true, &TileOverride::new(), &whole_machine).unwrap();
+    let bwd_whole = p.backward(e, true, &choice, &whole_machine).unwrap();
+    assert_eq!(fwd_whole.chunking, Chunking::Whole);
+    assert!(sizes(&fwd_whole).iter().all(|&n| n <= GATE_GEMM_ROWS));
+    // 2 foci x 2 gated layers x 3 pieces
+    assert_eq!(projections(&fwd_whole).len(), 12);
+    // a chunk's row takes 3.3 rows of scratch forward, 2.6 backward (the
+    // whole call's: 2.3 per focus): one piece, two pieces, one focus a chunk
+    for rows_cap in [GATE_GEMM_ROWS as u64, 2 * GATE_GEMM_ROWS as u64 + 5000, e as u64] {
+        let machine = Machine { cublas: true, scratch_cap: rows_cap * row_bytes * 4 };
+        let what = format!("cap {} B", machine.scratch_cap);
+        let fwd = p.forward(e, true, &TileOverride::new(), &machine).unwrap();
+        let bwd = p.backward(e, true, &choice, &machine).unwrap();
+        assert!(matches!(fwd.chunking, Chunking::Chunks { .. }), "{what}: {:?}", fwd.chunking);
+        assert!(matches!(bwd.chunking, Chunking::Chunks { .. }), "{what}: {:?}", bwd.chunking);
+        for plan in [&fwd, &bwd] {
+            if let Chunking::Chunks { rows } = plan.chunking {
+                assert!(rows == e || rows % GATE_GEMM_ROWS == 0, "{what}: chunks of {rows} rows split a GEMM piece");
+            }
+        }
+        assert_eq!(projections(&fwd), projections(&fwd_whole), "{what}: forward projections");
+        assert_eq!(projections(&bwd), projections(&bwd_whole), "{what}: backward projections");
+        assert_eq!(sizes(&fwd), sizes(&fwd_whole), "{what}: forward GEMM sizes");
+        assert_eq!(sizes(&bwd), sizes(&bwd_whole), "{what}: backward GEMM sizes");
+    }
+    // below one piece: refused, naming the piece
+    let machine = Machine { cublas: true, scratch_cap: 100 * row_bytes * 4 };
+    match p.forward(e, true, &TileOverride::new(), &machine) {
+        Err(MixError::ScratchCap { min_rows, .. }) => assert_eq!(min_rows, GATE_GEMM_ROWS as u64),
+        other => panic!("expected ScratchCap, got {other:?}"),
+    }
 }

@@ -678,21 +678,35 @@ fn scratch_cap_spellings() {
 fn chunk_plan_bounds_scratch() {
     use mixstack::runtime::chunk::{plan, windows, Chunking};
     // fits: whole
-    assert_eq!(plan(2, 1000, 10, 12, 20_000).unwrap(), Chunking::Whole);
+    assert_eq!(plan(2, 1000, 10, 12, 1, 20_000).unwrap(), Chunking::Whole);
     // one byte over: one focus at a time, as many rows as the cap holds
-    assert_eq!(plan(2, 1000, 10, 12, 19_999).unwrap(), Chunking::Chunks { rows: 1000 });
-    assert_eq!(plan(2, 1000, 10, 12, 1_200).unwrap(), Chunking::Chunks { rows: 100 });
-    assert_eq!(plan(2, 1000, 10, 12, 1_211).unwrap(), Chunking::Chunks { rows: 100 });
-    // below one row: a typed error naming both numbers
-    match plan(2, 1000, 10, 12, 11) {
-        Err(MixError::ScratchCap { cap: 11, row_bytes: 12 }) => {}
+    assert_eq!(plan(2, 1000, 10, 12, 1, 19_999).unwrap(), Chunking::Chunks { rows: 1000 });
+    assert_eq!(plan(2, 1000, 10, 12, 1, 1_200).unwrap(), Chunking::Chunks { rows: 100 });
+    assert_eq!(plan(2, 1000, 10, 12, 1, 1_211).unwrap(), Chunking::Chunks { rows: 100 });
+    // below one row: a typed error naming the numbers
+    match plan(2, 1000, 10, 12, 1, 11) {
+        Err(MixError::ScratchCap { cap: 11, min_rows: 1, row_bytes: 12 }) => {}
+        other => panic!("expected ScratchCap, got {other:?}"),
+    }
+    // a granule: chunks shorter than a focus hold a multiple of it
+    assert_eq!(plan(2, 1000, 10, 12, 64, 1_200).unwrap(), Chunking::Chunks { rows: 64 });
+    assert_eq!(plan(2, 1000, 10, 12, 64, 12 * 700).unwrap(), Chunking::Chunks { rows: 640 });
+    // a whole focus fits: the granule does not matter
+    assert_eq!(plan(2, 1000, 10, 12, 4096, 12_000).unwrap(), Chunking::Chunks { rows: 1000 });
+    // below one granule (or the whole focus, if shorter): refused
+    match plan(2, 1000, 10, 12, 64, 12 * 63) {
+        Err(MixError::ScratchCap { min_rows: 64, .. }) => {}
+        other => panic!("expected ScratchCap, got {other:?}"),
+    }
+    match plan(2, 50, 10, 12, 64, 12 * 49) {
+        Err(MixError::ScratchCap { min_rows: 50, .. }) => {}
         other => panic!("expected ScratchCap, got {other:?}"),
     }
     // sizes that overflow u64 chunk rather than wrap
-    assert!(matches!(plan(usize::MAX, usize::MAX, 8, 8, 1 << 30).unwrap(), Chunking::Chunks { .. }));
+    assert!(matches!(plan(usize::MAX, usize::MAX, 8, 8, 1, 1 << 30).unwrap(), Chunking::Chunks { .. }));
     // no scratch, no edges: whole
-    assert_eq!(plan(2, 1000, 0, 0, 0).unwrap(), Chunking::Whole);
-    assert_eq!(plan(2, 0, 10, 10, 0).unwrap(), Chunking::Whole);
+    assert_eq!(plan(2, 1000, 0, 0, 1, 0).unwrap(), Chunking::Whole);
+    assert_eq!(plan(2, 0, 10, 10, 1, 0).unwrap(), Chunking::Whole);
     // windows cover every row once, in order
     let w: Vec<_> = windows(10, 4).collect();
     assert_eq!(w, vec![(0, 4), (4, 4), (8, 2)]);

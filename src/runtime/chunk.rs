@@ -82,17 +82,33 @@ pub enum Chunking {
 
 /// The chunking of a call over `f` foci and `e` edges whose scratch is
 /// `whole_row_bytes` per (focus, edge) unchunked, and `chunk_row_bytes` per
-/// edge of a one-focus chunk (it may stage more), under `cap` bytes.
-pub fn plan(f: usize, e: usize, whole_row_bytes: u64, chunk_row_bytes: u64, cap: u64) -> Result<Chunking, MixError> {
+/// edge of a one-focus chunk (it may stage more), under `cap` bytes. A
+/// chunk shorter than a focus holds a multiple of `granule` edges (the
+/// cuBLAS gate path's GEMM piece, gate_blas.rs; 1 elsewhere), so that its
+/// windows start on the granule's grid.
+pub fn plan(
+    f: usize,
+    e: usize,
+    whole_row_bytes: u64,
+    chunk_row_bytes: u64,
+    granule: usize,
+    cap: u64,
+) -> Result<Chunking, MixError> {
     let whole = (f as u64).checked_mul(e as u64).and_then(|n| n.checked_mul(whole_row_bytes));
     if whole.is_some_and(|b| b <= cap) || e == 0 {
         return Ok(Chunking::Whole);
     }
-    let rows = cap / chunk_row_bytes.max(1);
-    if rows == 0 {
-        return Err(MixError::ScratchCap { cap, row_bytes: chunk_row_bytes });
+    let fit = cap / chunk_row_bytes.max(1);
+    if fit >= e as u64 {
+        return Ok(Chunking::Chunks { rows: e });
     }
-    Ok(Chunking::Chunks { rows: usize::try_from(rows).unwrap_or(usize::MAX).min(e) })
+    let granule = granule.max(1) as u64;
+    let rows = fit / granule * granule;
+    if rows == 0 {
+        let min_rows = granule.min(e as u64);
+        return Err(MixError::ScratchCap { cap, min_rows, row_bytes: chunk_row_bytes });
+    }
+    Ok(Chunking::Chunks { rows: rows as usize })
 }
 
 /// The windows `[e0, e0 + rows)` of a chunked walk over `e` edges.

@@ -108,9 +108,10 @@ pub enum MixError {
     #[error("{what} = {value} exceeds cuBLAS's 32-bit int (the gate GEMMs at Cf >= 96)")]
     BlasSize { what: &'static str, value: u64 },
 
-    /// The scratch cap cannot hold even one edge's scratch.
-    #[error("the scratch cap of {cap} bytes is below one edge's scratch ({row_bytes} bytes): raise it (MIXSTACK_SCRATCH_CAP or Stack::set_scratch_cap)")]
-    ScratchCap { cap: u64, row_bytes: u64 },
+    /// The scratch cap cannot hold the smallest chunk: one edge, or on
+    /// the cuBLAS gate path one GEMM piece of edges (gate_blas.rs).
+    #[error("the scratch cap of {cap} bytes is below the smallest chunk's scratch ({min_rows} edges of {row_bytes} bytes): raise it (MIXSTACK_SCRATCH_CAP or Stack::set_scratch_cap)")]
+    ScratchCap { cap: u64, min_rows: u64, row_bytes: u64 },
 
     /// A call without weights on a stack that holds none.
     #[error("this stack holds no weights (made to borrow them): pass the weights with the call")]

@@ -134,13 +134,13 @@ pub(crate) fn run_plan<T: Element>(
                 let call = call.try_map(|a| resolve(a, &at))?;
                 env.kernels.launch(stream, kernel, *e, *n, *foci, &call)?;
             }
-            Step::Gemm { stage, op, e, foci, a, w, c } => {
+            Step::Gemm { stage, op, e, a, w, c } => {
                 let blas = env.gate_blas.map_err(|why| MixError::PlanInconsistent {
                     why: format!("the plan runs a cuBLAS gate GEMM, but cuBLAS is not in use: {why}"),
                 })?;
-                let sh = StackShape { f: *foci, ..env.shape };
+                let sh = StackShape { f: 1, ..env.shape };
                 let (a, w, c) = (resolve(a, &at)?, resolve(w, &at)?, resolve(c, &at)?);
-                // SAFETY: the plan addresses the span's rows (foci x E) of
+                // SAFETY: the plan addresses one focus's rows (E) of
                 // z_all or g_logit, its (Cf, LG) gate blocks, and sig or gz,
                 // each as large as the GEMM reads or writes.
                 env.kernels.external(stream, *stage, op.label(), || unsafe {

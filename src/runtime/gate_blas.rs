@@ -1,5 +1,5 @@
-//! The gate contractions as cuBLAS GEMMs (strided batched, one batch per
-//! focus), for Cf >= [`GATE_BLAS_MIN_CF`].
+//! The gate contractions as cuBLAS GEMMs (one focus and at most
+//! [`GATE_GEMM_ROWS`] edges per call), for Cf >= [`GATE_BLAS_MIN_CF`].
 //!
 //! The relay's gate projection s @ GW (E x Cf by Cf x LG) and gate-logit
 //! contraction g_logit @ GW^T (E x LG by LG x Cf) run inside the generated
@@ -49,6 +49,15 @@ use super::table::Dtype;
 /// The smallest Cf whose gate contractions run as cuBLAS GEMMs.
 /// stages.yaml `regime.cublas_gate_from_cf`.
 pub const GATE_BLAS_MIN_CF: usize = super::table::CUBLAS_GATE_FROM_CF as usize;
+
+/// The edges of one cuBLAS gate GEMM. cuBLAS picks its kernel, and so a
+/// result's summation order, by problem size: the plans run the gate GEMMs
+/// one focus at a time, in pieces of this many edges on a grid from edge 0,
+/// and a chunk on this path is a multiple of it (chunk.rs). A row's GEMM
+/// then has the same size whether the call is chunked or not, and chunked
+/// results stay bitwise those of the whole call. Large enough that a piece
+/// runs at cuBLAS's full rate (about 1.8 GFLOP at Cf 96, L 3).
+pub const GATE_GEMM_ROWS: usize = 32_768;
 
 /// Where a stack's gate contractions run, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use super::args::{
 use super::chunk::{self, Chunking};
 use super::dispatch::{Dispatch, Path, PathDecision, TileOverride};
 use super::error::MixError;
-use super::gate_blas::GATE_BLAS_MIN_CF;
+use super::gate_blas::{GATE_BLAS_MIN_CF, GATE_GEMM_ROWS};
 use super::shape::StackShape;
 use super::table::{Dtype, KernelEntry, Stage};
 
@@ -110,8 +110,8 @@ pub enum Step {
     /// Launch `kernel` over `e` rows of `foci` foci and `n` output columns
     /// (0: a row kernel, or a fused kernel that walks whole row blocks).
     Launch { kernel: &'static KernelEntry, e: usize, n: usize, foci: usize, call: StageCall<Addr> },
-    /// A cuBLAS gate GEMM over `e` rows of `foci` foci, profiled under `stage`.
-    Gemm { stage: Stage, op: GateOp, e: usize, foci: usize, a: Addr, w: Addr, c: Addr },
+    /// A cuBLAS gate GEMM over `e` rows of one focus, profiled under `stage`.
+    Gemm { stage: Stage, op: GateOp, e: usize, a: Addr, w: Addr, c: Addr },
     /// Copy `bytes` bytes.
     Copy { src: Addr, dst: Addr, bytes: usize },
     /// Copy `height` rows of `width` bytes between pitched layouts.
@@ -174,9 +174,7 @@ impl fmt::Display for Plan {
                 Step::Launch { kernel, e, n, foci, call } => {
                     writeln!(f, "  launch {} (E {e}, n {n}, F {foci}) {call:?}", kernel.name)?
                 }
-                Step::Gemm { op, e, foci, a, w, c, .. } => {
-                    writeln!(f, "  {} (E {e}, F {foci}) a {a:?} w {w:?} c {c:?}", op.label())?
-                }
+                Step::Gemm { op, e, a, w, c, .. } => writeln!(f, "  {} (E {e}) a {a:?} w {w:?} c {c:?}", op.label())?,
                 Step::Copy { src, dst, bytes } => writeln!(f, "  copy   {src:?} -> {dst:?} ({bytes} B)")?,
                 Step::Copy2d { src, src_pitch, dst, dst_pitch, width, height } => writeln!(
                     f,
@@ -317,9 +315,43 @@ impl Planner<'_> {
         (focus * e + e0) as u64 * width as u64 * self.sz()
     }
 
-    fn chunking(&self, e: usize, whole: usize, chunked: usize, machine: &Machine) -> Result<Chunking, MixError> {
+    /// `whole` and `chunked`: scratch elements per row; `blas`: the call
+    /// runs cuBLAS gate GEMMs, whose pieces a chunk must not split.
+    fn chunking(
+        &self,
+        e: usize,
+        whole: usize,
+        chunked: usize,
+        blas: bool,
+        machine: &Machine,
+    ) -> Result<Chunking, MixError> {
         let sz = self.sz();
-        chunk::plan(self.shape.f, e, whole as u64 * sz, chunked as u64 * sz, machine.scratch_cap)
+        let granule = if blas { GATE_GEMM_ROWS } else { 1 };
+        chunk::plan(self.shape.f, e, whole as u64 * sz, chunked as u64 * sz, granule, machine.scratch_cap)
+    }
+
+    /// One cuBLAS gate GEMM per focus of `span` and per piece of
+    /// [`GATE_GEMM_ROWS`] rows (gate_blas.rs says why): `a` and `c` address
+    /// the span's rows, `a_width` and `c_width` elements each, layer `k`'s GW.
+    #[allow(clippy::too_many_arguments)]
+    fn gate_gemms(
+        &self,
+        b: &mut Builder,
+        span: Span,
+        k: usize,
+        stage: Stage,
+        op: GateOp,
+        (a, a_width): (Addr, usize),
+        (c, c_width): (Addr, usize),
+    ) {
+        for q in 0..span.foci {
+            let w = Addr::at(Buf::Gw).offset(self.layer_offsets(k, span.focus + q).2);
+            for (p0, n) in chunk::windows(span.rows, GATE_GEMM_ROWS) {
+                let row = (q * span.rows + p0) as u64 * self.sz();
+                let (a, c) = (a.offset(row * a_width as u64), c.offset(row * c_width as u64));
+                b.steps.push(Step::Gemm { stage, op, e: n, a, w, c });
+            }
+        }
     }
 
     /// The forward over `e` > 0 edges.
@@ -350,7 +382,7 @@ impl Planner<'_> {
         // gated layer) and the gate surface sig; a chunk also stages its
         // rows of `out` and its column of alpha (edge-major tensors).
         let per_row = if gated == 0 { 0 } else { row * gated.min(2) + lg };
-        let chunking = self.chunking(e, per_row, per_row + row + 1, machine)?;
+        let chunking = self.chunking(e, per_row, per_row + row + 1, blas, machine)?;
         let rows = match chunking {
             Chunking::Whole => sh.f * e,
             Chunking::Chunks { rows } => rows,
@@ -448,12 +480,12 @@ impl Planner<'_> {
             let (o0, o1, og) = self.layer_offsets(k, span.focus);
             let w0 = Addr::at(Buf::W0).offset(o0);
             b.launch(k_m0, span.rows, sh.m0(), f, StageCall::FwdM0(FwdM0Args { u, w0, z, e, l }));
-            let gw = Addr::at(Buf::Gw).offset(og);
             let gate = if blas {
-                let op = GateOp::Projection;
-                b.steps.push(Step::Gemm { stage: Stage::FwdGateAct, op, e: span.rows, foci: f, a: z, w: gw, c: sig });
+                let (row, lg) = (sh.row(), sh.lg());
+                self.gate_gemms(b, span, k, Stage::FwdGateAct, GateOp::Projection, (z, row), (sig, lg));
                 StageCall::FwdGateAct(FwdGateActArgs { u, z, sig, u_next, e, l })
             } else {
+                let gw = Addr::at(Buf::Gw).offset(og);
                 StageCall::FwdGate(FwdGateArgs { u, z, gw, sig, u_next, e, l })
             };
             b.launch(k_gate, span.rows, 0, f, gate);
@@ -538,7 +570,7 @@ impl Planner<'_> {
             _ if relay => 2 * row + lg * (1 + choice.gate_blas as usize),
             _ => row,
         };
-        let chunking = self.chunking(e, per_row, per_row, machine)?;
+        let chunking = self.chunking(e, per_row, per_row, choice.gate_blas, machine)?;
         let mut b = Builder::new();
 
         if apply_alpha {
@@ -659,20 +691,11 @@ impl Planner<'_> {
                     let (sig, gz) = (sig.expect("relay sig"), gz.expect("relay gz"));
                     if choice.gate_blas {
                         let glog = glog.expect("relay g_logit");
-                        let stage = Stage::BwdGlogit;
-                        b.steps.push(Step::Gemm {
-                            stage,
-                            op: GateOp::Projection,
-                            e: rows,
-                            foci: f,
-                            a: z,
-                            w: gw,
-                            c: sig,
-                        });
+                        let (stage, row, lg) = (Stage::BwdGlogit, sh.row(), sh.lg());
+                        self.gate_gemms(b, span, k, stage, GateOp::Projection, (z, row), (sig, lg));
                         let call = StageCall::BwdGlogit(BwdGlogitArgs { g, z, logit: sig, glog, gz, e, l });
                         b.launch(choice.layer[0], rows, 0, f, call);
-                        let op = GateOp::LogitContraction;
-                        b.steps.push(Step::Gemm { stage, op, e: rows, foci: f, a: glog, w: gw, c: gz });
+                        self.gate_gemms(b, span, k, stage, GateOp::LogitContraction, (glog, lg), (gz, row));
                     } else {
                         let call = StageCall::BwdRecompute(BwdRecomputeArgs { z, gw, sig, e, l });
                         b.launch(choice.layer[0], rows, 0, f, call);
