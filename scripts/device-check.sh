@@ -3,7 +3,9 @@
 # the GPU tests and verify (scripts/on-device.sh tests), the Python op's
 # tests (on-device.sh python), the sanitizers named in SAN (scripts/
 # sanitize.sh), and Nsight Compute on the kernels matching NCU_K (one
-# launch each, with per-SASS-instruction source counters as CSV). Prints a
+# launch each, with per-SASS-instruction source counters as CSV), and with
+# DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
+# carry .whl too, scripts/stage-deepmd-wheels.sh). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
@@ -18,6 +20,11 @@ fi
 if [ "${PY:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${PY_S:-150}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"
   grep -E "^== |^FAIL|tests passed|FAILED|Error" "$OUT/r/python.out" | head -20
+fi
+if [ -n "${DEEPMD:-}" ]; then
+  # shellcheck disable=SC2086
+  OUT=$OUT/r timeout "${DEEPMD_S:-300}" bash scripts/deepmd-e2e-on-device.sh $DEEPMD > "$OUT/r/deepmd.out" 2>&1; echo "deepmd rc=$?"
+  tail -40 "$OUT/r/deepmd.out"
 fi
 for tool in ${SAN:-}; do
   OUT=$OUT/r timeout "${SAN_S:-200}" bash scripts/sanitize.sh "$tool"; echo "sanitize $tool rc=$?"
