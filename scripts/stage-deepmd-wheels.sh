@@ -16,3 +16,15 @@ for w in deepmd-kit==3.2.0 mpich==5.0.2 vesin-torch==0.6.2 vesin==0.6.2 lmdb==3.
     "${plat[@]}" -d .whl "$w" || python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "$w"
 done
 du -sh .whl && ls .whl
+# mpich: DeePMD-kit needs only libmpi.so.12; drop the ABI library and the
+# launchers (6 MB) so the wheels, the bundle and the tree fit one carry.
+python3 - <<'PY'
+import glob, os, zipfile
+src = glob.glob(".whl/mpich-*.whl")[0]
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(src + ".tmp", "w", zipfile.ZIP_DEFLATED) as zout:
+    for i in zin.infolist():
+        if not (i.filename.endswith("libmpi_abi.so.1") or "/data/bin/" in i.filename):
+            zout.writestr(i, zin.read(i.filename))
+os.replace(src + ".tmp", src)
+PY
+du -sh .whl
