@@ -27,7 +27,7 @@ if [ -n "${DEEPMD:-}" ]; then
   tail -40 "$OUT/r/deepmd.out"
 fi
 for tool in ${SAN:-}; do
-  OUT=$OUT/r timeout "${SAN_S:-200}" bash scripts/sanitize.sh "$tool"; echo "sanitize $tool rc=$?"
+  OUT=$OUT/r TESTS="${SAN_TESTS:-}" timeout "${SAN_S:-200}" bash scripts/sanitize.sh "$tool"; echo "sanitize $tool rc=$?"
 done
 if [ -n "${NCU_K:-}" ]; then
   timeout "${NCU_S:-200}" ncu --clock-control none -k "regex:${NCU_K}" -c "${NCU_C:-2}" --set full --import-source no \
