@@ -4,7 +4,8 @@
 # tests (on-device.sh python), the sanitizers named in SAN (scripts/
 # sanitize.sh), and Nsight Compute on the kernels matching NCU_K (one
 # launch each, with per-SASS-instruction source counters as CSV), and with
-# DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
+# GPU_TESTS="filters" only those gpu_stack tests, BENCH="seed cf64 f1" relay
+# against fused benches (REPS each), DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
 # carry .whl too, scripts/stage-deepmd-wheels.sh). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
@@ -17,6 +18,16 @@ if [ "${TESTS:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${TESTS_S:-300}" bash scripts/on-device.sh tests > "$OUT/r/tests.out" 2>&1; echo "tests rc=$?"
   grep -E "^== |^test result|FAILED|panicked|SKIPPED|^verify" "$OUT/r/tests.out" | head -40
 fi
+if [ -n "${GPU_TESTS:-}" ]; then
+  # only the gpu_stack tests matching GPU_TESTS (libtest filters)
+  # shellcheck disable=SC2086
+  MIXSTACK_VECTORS=$PWD/vectors timeout "${TESTS_S:-300}" .device/gpu_stack --test-threads=1 $GPU_TESTS > "$OUT/r/gpu_stack.out" 2>&1
+  echo "gpu_stack ($GPU_TESTS) rc=$?"; grep -E "^test |^test result|panicked" "$OUT/r/gpu_stack.out" | tail -30
+fi
+for p in ${BENCH:-}; do
+  .device/mixstack bench --preset "$p" --reps "${REPS:-10}" --variant relay --variant fused > "$OUT/r/bench_$p.out" 2>&1
+  echo "bench $p rc=$?"; grep -vE "^    fwd_|^default|^scratch" "$OUT/r/bench_$p.out"
+done
 if [ "${PY:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${PY_S:-150}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"
   grep -E "^== |^FAIL|tests passed|FAILED|Error" "$OUT/r/python.out" | head -20

@@ -5,7 +5,8 @@
 // Bit-for-bit contract between the relay and the fused backward:
 //   * every pointwise value goes through the same functions below
 //     (compute_sig_rows, compute_glogit_rows, compute_gzs_rows, gz_of and
-//     gate_at; the fused GzRows::fix is gz_of for 4 columns at once),
+//     gate_at; the fused gemm_rowblock forms gz as gz_of does, W columns at
+//     once, from GzRows::chunk),
 //     which call the same op_* in the same order;
 //   * every dot (rows_gemm, mma_chunk) accumulates op_dot_step over
 //     k = 0..K-1 in ascending order starting from zero; a GEMM output then
@@ -136,17 +137,24 @@ __device__ __forceinline__ void rows_gemm(const T* A, int lda, const T* __restri
     for (int i = 0; i < RM; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
-#pragma unroll 4
+    // Pointer bumps, not k * N per load (64-bit multiplies measured as a
+    // third of this loop's instructions, run 77); 8 k per trip keeps 8
+    // loads of B in flight for the short RM = 1 tiles (more on the RM = 4
+    // ones spills the Cf 96 row tiles).
+    const T* bk = B + n0;
+    const T* ak = A + m0 * lda;
+#pragma unroll(RM == 1 ? 8 : 4)
     for (int k = 0; k < K; ++k) {
       T a[RM], b[4];
 #pragma unroll
-      for (int j = 0; j < 4; j += W) Vec<T>::ldg(B + (i64)k * N + n0 + j, b + j);
+      for (int j = 0; j < 4; j += W) Vec<T>::ldg(bk + j, b + j);
 #pragma unroll
-      for (int i = 0; i < RM; ++i) a[i] = A[(m0 + i) * lda + k];
+      for (int i = 0; i < RM; ++i) a[i] = ak[i * lda + k];
 #pragma unroll
       for (int i = 0; i < RM; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = op_dot_step<T>(a[i], b[j], acc[i][j]);
+      bk += N;
     }
 #pragma unroll
     for (int i = 0; i < RM; ++i)
@@ -767,6 +775,20 @@ struct RowWalk {
   }
 };
 
+// Where a fused K chunk's gz comes from (AOp::chunk(c0)): a chunk lies in
+// one subtile (Cf % BK == 0), so one uniform choice per chunk replaces a
+// per-piece subtile test. replace: gz = the source (the scalar chain gz_s,
+// and the chunk's g is never loaded); else gz = op_gate(g, source), the
+// gates. The source is an element offset into shared memory, not a
+// pointer: a pointer picked by a select loses its address space, and the
+// loads became generic 64-bit ones (run 78 SASS).
+template <typename T>
+struct ChunkGz {
+  int src;  // the chunk's row 0, column 0: smem_at<T>(0)[src]
+  int ld;   // that buffer's row stride
+  bool replace;
+};
+
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
           typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
@@ -783,25 +805,46 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
   const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
   const i64 nq = ((nrb - 1 - blockIdx.x) / gridDim.x + 1) * (kt0 * ct0 + kt1 * ct1);
-
-  const RowWalk first{(i64)blockIdx.x, 0, 0, 0};
-  RowWalk lw = first, cw = first;
-  int lst = 0;
-  i64 lq = 0;
   const ChunkCopy<T, BK, BN / W, THREADS, BN> copy_b(tid);
   const ChunkCopy<T, BM, BK / W, THREADS, AK> copy_a(tid);
   const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
   const int stride = a.stride();
+
+  // Loader walk, STAGES - 1 chunks ahead of the consumer: row block (la its
+  // first row, lrows its rows in range), segment, column tile n0, K chunk
+  // (lcol its A column, lb its first B element). Advanced by pointer bumps;
+  // multiplies only where a column tile, segment or row block changes.
+  i64 le0 = (i64)blockIdx.x * BM;
+  const T* la = a.row(le0);
+  int lrows = E - le0 < BM ? (int)(E - le0) : BM;
+  int ls = 0, lkt = 0, ln0 = 0, lcol = 0, lst = 0;
+  const T* lb = seg0.B;
+  i64 lq = 0;
   auto load_next = [&]() {
-    const i64 e0 = lw.rb * BM;
-    const int n0 = lw.ct * BN, k0 = lw.kt * BK, N = lw.s ? seg1.N : seg0.N;
-    const T* B = lw.s ? seg1.B : seg0.B;
-    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), B + k0 * N + n0, N, n0 + BN <= N,
-                [&](int, int n) { return n0 + n < N; });
-    const int rows = E - e0 < BM ? (int)(E - e0) : BM;
-    copy_a.copy(as0 + lst * A_STAGE * (int)sizeof(T), a.row(e0) + (lw.s ? seg1.off : seg0.off) + k0, stride,
-                rows == BM, [&](int m, int) { return m < rows; });
-    lw.step(kt0, kt1, ct0, ct1);
+    const int N = ls ? seg1.N : seg0.N, n0 = ln0;
+    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), lb, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
+    if (!a.computed(lcol)) {
+      const int rows = lrows;
+      copy_a.copy(as0 + lst * A_STAGE * (int)sizeof(T), la + lcol, stride, rows == BM,
+                  [&](int m, int) { return m < rows; });
+    }
+    lcol += BK;
+    lb += BK * N;
+    if (++lkt == (ls ? kt1 : kt0)) {
+      lkt = 0;
+      ln0 += BN;
+      if (ln0 >= N) {
+        ln0 = 0;
+        if (ls) {
+          le0 += (i64)gridDim.x * BM;
+          la = a.row(le0);
+          lrows = E - le0 < BM ? (int)(E - le0) : BM;
+        }
+        ls ^= 1;
+      }
+      lcol = ls ? seg1.off : seg0.off;
+      lb = (ls ? seg1.B : seg0.B) + ln0;
+    }
     lst = lst + 1 == STAGES ? 0 : lst + 1;
     ++lq;
   };
@@ -814,34 +857,41 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   T acc[TM][TN];
   zero_acc(acc);
 
+  RowWalk cw{(i64)blockIdx.x, 0, 0, 0};
   int cst = 0;
   for (i64 q = 0; q < nq; ++q) {
     cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
     T* as = As + cst * A_STAGE;
     const i64 e0 = cw.rb * BM;
     const int off = cw.s ? seg1.off : seg0.off;
-    // Each thread fixes the pieces it copied (the loader's mapping): one
-    // barrier covers landing and fix; a row block's first chunk waits for
-    // the per-row work, which the fix reads.
-    auto fix_own = [&]() {
-      const int c0 = off + cw.kt * BK;
+    // Each thread forms gz in the pieces it copied (the loader's mapping):
+    // one barrier covers landing and forming; a row block's first chunk
+    // waits for the per-row work, which forming reads. Rows past E form
+    // finite values (zero g, zero gz_s) that no store reads.
+    auto form_own = [&]() {
+      const ChunkGz<T> c = a.chunk(off + cw.kt * BK);
+      const T* src = smem_at<T>(0) + c.src;
+      // (one piece at a time: loading all of a thread's pieces first spills
+      // the 128-register tiles)
       copy_a.each([&](int, int m, int k) {
-        if (e0 + m < E) {
-          T x[W];
+        T x[W], y[W];
+        Vec<T>::load(src + m * c.ld + k, y);
+        if (!c.replace) {
           Vec<T>::load(as + m * AK + k, x);
-          a.fix(m, c0 + k, x);
-          Vec<T>::store(as + m * AK + k, x);
+#pragma unroll
+          for (int w = 0; w < W; ++w) y[w] = op_gate<T>(x[w], y[w]);
         }
+        Vec<T>::store(as + m * AK + k, y);
       });
     };
     const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
-    if (!hook) fix_own();
-    __syncthreads();  // chunk q is in (fixed unless hooked); everyone is done with chunk q-1's slot
+    if (!hook) form_own();
+    __syncthreads();  // chunk q is in (formed unless hooked); everyone is done with chunk q-1's slot
     if (lq < nq) load_next();
     cp_async_commit();
     if (hook) {
-      a.tile(e0);  // every fix of the previous row block is done (barrier above)
-      fix_own();
+      a.tile(e0);  // every read of the previous row block is done (barrier above)
+      form_own();
       __syncthreads();
     }
     mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);

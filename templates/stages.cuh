@@ -448,7 +448,7 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
 }
 
 // The fused backward's A operand: gz, formed chunk by chunk from the landed
-// g chunk (fix), never stored. Its tile hook computes, once per row block
+// g chunk (gemm_rowblock's form_own, from chunk()), never stored. Its tile hook computes, once per row block
 // and with the relay's own functions, what the relay's recompute and
 // pointwise kernels compute: sig, g_logit and the scalar chain gz_s. gz_s
 // takes s's buffer (s is dead once sig is formed) and g_logit is formed GB
@@ -495,20 +495,16 @@ struct GzRows {
       __syncthreads();
     }
   }
-  // gz at columns col..col+W-1 of row m (of the current row block), in
-  // place of their g: gz_of for W columns at once, with one subtile test
-  // per 16-byte piece (a piece never straddles a subtile: Cf is a multiple
-  // of W).
-  __device__ __forceinline__ void fix(int m, int col, T (&x)[Vec<T>::W]) const {
-    constexpr int W = Vec<T>::W;
-    if (col < CF) {
-      Vec<T>::load(s_sh() + m * CF + col, x);  // gz_s, the scalar chain
-      return;
-    }
-    T sg[W];
-    Vec<T>::load(gate_at<CF>(sig_sh() + m * LG, L, col), sg);
-#pragma unroll
-    for (int w = 0; w < W; ++w) x[w] = op_gate<T>(x[w], sg[w]);
+  // Subtile 0 is the scalar chain, formed whole by tile(): its g is never
+  // copied into the ring.
+  __device__ __forceinline__ bool computed(int col) const { return col < CF; }
+  // The chunk at column c0 (one subtile, Cf % BK == 0): its gz_s, or its
+  // group's gates (gate_at: consecutive columns, consecutive gates).
+  __device__ __forceinline__ ChunkGz<T> chunk(int c0) const {
+    if (c0 < CF) return ChunkGz<T>{(int)(S::s_rows / sizeof(T)) + c0, CF, true};
+    const int r = c0 / CF;
+    return ChunkGz<T>{(int)(S::fixed / sizeof(T)) + S::sig_slot * BM * LG + group_of(r, L) * CF + (c0 - r * CF), LG,
+                      false};
   }
 };
 
@@ -520,6 +516,7 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
                                           const T* __restrict__ wt0, const T* __restrict__ wt1,
                                           T* __restrict__ g_next, i64 E, int L) {
   static_assert(PIPE == 2, "the fused backward streams (pipe: stream)");
+  static_assert(CF % BK == 0, "a K chunk lies in one subtile (GzRows::chunk)");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;
