@@ -10,6 +10,7 @@
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
+#   SAN=racecheck PER_TEST_S=60 SAN_S=500 scripts/device-check.sh   (each test alone)
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT/r"
 export PYTHONUNBUFFERED=1

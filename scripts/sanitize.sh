@@ -5,6 +5,10 @@
 # staged by scripts/stage-device.sh (or GPU_TEST_BIN=path here). Logs and a
 # summary line per tool under $OUT; exit status 1 if any tool reports an error.
 #   scripts/sanitize.sh [TOOL...]      TESTS="filter" narrows the tests
+# PER_TEST_S=N runs each test alone under the tool, N seconds at most, and
+# prints one line per test (ok, FAILED, sanitizer errors, or timed out):
+# racecheck instruments every shared-memory access and one slow test used to
+# eat the whole budget (BENCH.md runs 74-77), leaving the others unchecked.
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 bin=${GPU_TEST_BIN:-.device/gpu_stack}
@@ -12,7 +16,22 @@ if [ -f .device/bundle.tar.xz ] && [ ! -x "$bin" ]; then tar -C .device -xJf .de
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 export MIXSTACK_TEST_SMALL=1 MIXSTACK_VECTORS="${MIXSTACK_VECTORS:-$PWD/vectors}"
 status=0
+per_test() {  # tool: each test alone, PER_TEST_S seconds at most
+  local tool=$1 t rc
+  # shellcheck disable=SC2086
+  for t in $("$bin" --list ${TESTS:-} 2>/dev/null | sed -n 's/: test$//p'); do
+    timeout "$PER_TEST_S" "$cs" --tool "$tool" --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 --exact "$t" \
+      >"$OUT/sanitize_${tool}_$t.log" 2>&1
+    rc=$?
+    case $rc in
+      0) echo "  $tool $t: ok, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_${tool}_$t.log" | tail -1)" ;;
+      124) echo "  $tool $t: timed out after $PER_TEST_S s (not checked)" ;;
+      *) echo "  $tool $t: exit $rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$OUT/sanitize_${tool}_$t.log" | tail -1)"; status=1 ;;
+    esac
+  done
+}
 for tool in ${*:-memcheck racecheck initcheck synccheck}; do
+  if [ -n "${PER_TEST_S:-}" ]; then per_test "$tool"; continue; fi
   log="$OUT/sanitize_$tool.log"
   start=$(date +%s)
   # shellcheck disable=SC2086
