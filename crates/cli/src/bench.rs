@@ -336,6 +336,14 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     for t in backward.iter().skip(1) {
         println!("{} / {} backward median: {:.3}", t.label, backward[0].label, t.median_ms / backward[0].median_ms);
+        if let Some((fused, gemm)) = gated_layer_times(&backward[0].per_kernel, &t.per_kernel, w.n_layers - 1) {
+            println!(
+                "per gated layer: {} bwd_fused {fused:.3} ms / {} bwd_gemm {gemm:.3} ms = {:.3}",
+                t.label,
+                backward[0].label,
+                fused / gemm
+            );
+        }
     }
     match bitwise {
         Some(b) => println!(
@@ -426,6 +434,22 @@ fn kernel_rows(stack: &Stack<f32>) -> Result<KernelRows, Box<dyn std::error::Err
         .collect())
 }
 
+/// Per gated layer, the fused kernel's time and the relay's GEMM time (both
+/// segments), from one call's per-launch times: issue 16's "the per-row work
+/// hidden" measure. None unless `relay` ran bwd_gemm and `fused` bwd_fused.
+fn gated_layer_times(
+    relay: &[(String, String, f64)],
+    fused: &[(String, String, f64)],
+    gated: usize,
+) -> Option<(f64, f64)> {
+    let total = |k: &[(String, String, f64)], stage: &str| {
+        let v: Vec<f64> = k.iter().filter(|x| x.0 == stage).map(|x| x.2).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>())
+    };
+    let (f, g) = (total(fused, "bwd_fused")?, total(relay, "bwd_gemm")?);
+    (gated > 0).then(|| (f / gated as f64, g / gated as f64))
+}
+
 fn print_timing(t: &Timing) {
     println!(
         "{:<10} {:<6} median {:>8.3} ms (min {:.3}, max {:.3}, n={})  {:>6.1} TFLOP/s  {:>7.1} GB/s of min bytes  extra peak {:.2} GB (scratch {:.2} GB)",
@@ -444,5 +468,25 @@ fn print_timing(t: &Timing) {
     }
     for (stage, ms, n) in by_stage {
         println!("    {stage:<15} {ms:>8.3} ms ({n} launches)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gated_layer_times;
+
+    fn k(stage: &str, ms: f64) -> (String, String, f64) {
+        (stage.to_string(), format!("ms_{stage}"), ms)
+    }
+
+    #[test]
+    fn gated_layer_times_divide_by_gated_layers() {
+        let relay =
+            [k("bwd_final", 1.7), k("bwd_gemm", 1.0), k("bwd_gemm", 2.0), k("bwd_gemm", 1.0), k("bwd_gemm", 2.0)];
+        let fused = [k("bwd_final", 1.7), k("bwd_fused", 5.0), k("bwd_fused", 7.0)];
+        assert_eq!(gated_layer_times(&relay, &fused, 2), Some((6.0, 3.0)));
+        assert_eq!(gated_layer_times(&relay, &relay, 2), None, "no bwd_fused: no ratio");
+        assert_eq!(gated_layer_times(&fused, &fused, 2), None, "no bwd_gemm: no ratio");
+        assert_eq!(gated_layer_times(&relay, &fused, 0), None);
     }
 }
