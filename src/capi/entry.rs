@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cudarc::driver::result;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaContext, CudaStream};
 
 use super::checks::{call_stream, check_device_memory, dim, dptr, edges, path_mode, Tensor, Valid, ValidWeights};
 use super::handle::{handle, mixstack_stack, register, unregister, CurrentContext, Inner, StackState};
@@ -69,6 +69,23 @@ unsafe fn create_args(
     Ok((device, shape))
 }
 
+/// The device's context, current on this thread until the returned guard
+/// drops (the caller's comes back then); NoDriver without libcuda, checked
+/// before the guard asks the driver anything.
+fn bind_device(device: usize) -> Result<(CurrentContext, Arc<CudaContext>), Fail> {
+    if !driver_present() {
+        return Err(MixError::NoDriver { why: "libcuda could not be loaded".into() }.into());
+    }
+    let restore = CurrentContext::save();
+    let ctx = open_device(device)?;
+    bind(&ctx)?;
+    Ok((restore, ctx))
+}
+
+fn bind(ctx: &CudaContext) -> Result<(), Fail> {
+    ctx.bind_to_thread().map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("binding the context: {e}")))
+}
+
 fn create_typed<T: Element>(
     device: usize,
     sh: StackShape,
@@ -78,12 +95,7 @@ fn create_typed<T: Element>(
 ) -> Result<StackState, Fail> {
     // Every CPU check first: a bad shape is refused without a driver.
     let w = ValidWeights::new::<T>(sh, w0, w1, gw)?;
-    if !driver_present() {
-        return Err(MixError::NoDriver { why: "libcuda could not be loaded".into() }.into());
-    }
-    let _restore = CurrentContext::save();
-    let ctx = open_device(device)?;
-    ctx.bind_to_thread().map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("binding the context: {e}")))?;
+    let (_restore, ctx) = bind_device(device)?;
     for t in w.tensors.iter().filter(|t| t.bytes > 0) {
         check_device_memory(t, device)?;
     }
@@ -140,12 +152,7 @@ fn create_borrowing_typed<T: Element>(
 ) -> Result<StackState, Fail> {
     // The shape first: refused without a driver.
     validate_shape::<T>(&Dispatch::builtin(), &sh)?;
-    if !driver_present() {
-        return Err(MixError::NoDriver { why: "libcuda could not be loaded".into() }.into());
-    }
-    let _restore = CurrentContext::save();
-    let ctx = open_device(device)?;
-    ctx.bind_to_thread().map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("binding the context: {e}")))?;
+    let (_restore, ctx) = bind_device(device)?;
     let stack = Stack::<T>::borrowing(&ctx.default_stream(), sh)?;
     Ok(StackState { inner: wrap(stack), ctx, device, shape: sh })
 }
@@ -222,7 +229,7 @@ fn enter(
     tensors: &[Tensor],
 ) -> Result<(CurrentContext, Arc<CudaStream>), Fail> {
     let restore = CurrentContext::save();
-    s.ctx.bind_to_thread().map_err(|e| fail(MIXSTACK_ERR_CUDA, format!("binding the context: {e}")))?;
+    bind(&s.ctx)?;
     let stream = call_stream(&s.ctx, cu_stream)?;
     for t in tensors {
         check_device_memory(t, s.device)?;
