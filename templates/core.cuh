@@ -547,8 +547,8 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
 // chunk costs one base address, not a division and a 64-bit address per
 // piece: in the bwd_gemm ring's SASS the loader went from ~130 to ~77
 // instructions per chunk (BENCH.md, runs 32-35). each() deals the same
-// pieces, so a stage's fix touches exactly what this thread copied (one
-// barrier covers both).
+// pieces, so the fused walk forms gz in exactly what this thread copied
+// (one barrier covers both).
 template <typename T, int R, int V, int THREADS, int SP>
 struct ChunkCopy {
   static_assert(THREADS >= V, "one thread per piece column at least");
@@ -743,7 +743,8 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
 // work the A operand needs (gate recompute, gate-logit, scalar chain), runs
 // once per row block, not once per column tile, and its result stays in
 // shared memory for all of that row block's tiles; the ring keeps loading
-// the row block's first chunks while it runs. Each output element still
+// the row block's first chunks (their weights: subtile 0's gz is gz_s,
+// never copied) while it runs. Each output element still
 // accumulates k ascending from zero (chunk by chunk, mma_stream), then epi.
 
 // One output segment: columns [off, off + N) of each row, from A columns
@@ -814,7 +815,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   i64 le0 = (i64)blockIdx.x * BM;
   const T* la = a.row(le0);
   int lrows = E - le0 < BM ? (int)(E - le0) : BM;
-  int ls = 0, lkt = 0, ln0 = 0, lcol = 0, lst = 0;
+  int ls = 0, lkt = 0, ln0 = 0, lcol = seg0.off, lst = 0;
   const T* lb = seg0.B;
   i64 lq = 0;
   auto load_next = [&]() {
