@@ -602,15 +602,16 @@ struct TileWalk {
 };
 
 // acc[i][j] += A[ty + i*TY][k] * B[k][tx*W + (j/W)*TX*W + j%W] over one
-// chunk, k ascending; A row-major (stride AK), read W k-values at a time.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int AK>
-__device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, const T* Bs, int ty, int tx) {
+// chunk, k ascending; A row-major (rows ak elements apart: a ring chunk's
+// padded row, or the fused panel's), read W k-values at a time.
+template <typename T, int BM, int BN, int BK, int TM, int TN>
+__device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, int ak, const T* Bs, int ty, int tx) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM;
 #pragma unroll
   for (int k4 = 0; k4 < BK; k4 += W) {
     T a[TM][W];
 #pragma unroll
-    for (int i = 0; i < TM; ++i) Vec<T>::load(As + (ty + i * TY) * AK + k4, a[i]);
+    for (int i = 0; i < TM; ++i) Vec<T>::load(As + (ty + i * TY) * ak + k4, a[i]);
 #pragma unroll
     for (int kk = 0; kk < W; ++kk) {
       T b[TN];
@@ -723,7 +724,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     __syncthreads();  // chunk q is in; everyone is done with chunk q-1's slot
     if (lq < nq) load_next();
     cp_async_commit();
-    mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
+    mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.n * BN, E, N, 0, epi);
@@ -889,10 +890,123 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       form_own();
       __syncthreads();
     }
-    mma_stream<T, BM, BN, BK, TM, TN, AK>(acc, as, Bs + cst * B_STAGE, ty, tx);
+    mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
       store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
+    }
+    cw.step(kt0, kt1, ct0, ct1);
+  }
+  cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------
+// Warp-specialised row-block GEMM (pipe: ws): the fused backward's core
+// where a row block's whole A operand fits in shared memory. A persistent
+// block owns row blocks as gemm_rowblock does, but its warps split: P
+// producer threads (threads 0..P-1) form each row block's A panel (a.
+// prologue: the per-row work; a.fill(s): segment s's columns), one row
+// block ahead, while the consumer threads run the GEMM from the panel, only
+// B streaming through their cp.async ring. Each segment's half of the panel
+// is handed over by named barriers: producers arrive on FULL(s) when it is
+// formed and wait on EMPTY(s) before forming the next row block's; consumers
+// wait on FULL(s) and arrive on EMPTY(s) after their last read. So the
+// per-row work runs beside the FFMA loop, not between its barriers. Each
+// output element still accumulates k ascending from zero (mma_stream), then
+// epi.
+
+// Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
+// order this thread's earlier shared-memory accesses before the barrier
+// completes, which is what a buffer handover needs.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+enum WsBarrier { WS_PRODUCERS = 1, WS_CONSUMERS = 2, WS_FULL = 3, WS_EMPTY = 5 };  // FULL/EMPTY + segment
+
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int P, int SMEM_B, typename AOp,
+          typename Epi>
+__device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, C = TX * TY, ALL = P + C;
+  constexpr int B_STAGE = BK * BN;
+  static_assert(STAGES >= 2, "a ring of at least two chunks");
+  static_assert(P % 32 == 0 && C % 32 == 0, "whole warps on each side");
+  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
+  const i64 nrb = (E + BM - 1) / BM;
+  if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
+
+  if ((int)threadIdx.x < P) {
+    for (i64 rb = blockIdx.x; rb < nrb; rb += gridDim.x) {
+      const bool first = rb == (i64)blockIdx.x;
+      // The last row block's fills read the per-row buffers this rewrites.
+      if (!first) bar_sync(WS_PRODUCERS, P);
+      a.prologue(rb * BM, [] { bar_sync(WS_PRODUCERS, P); });
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        if (!first) bar_sync(WS_EMPTY + s, ALL);
+        a.fill(s, rb * BM);
+        bar_arrive(WS_FULL + s, ALL);
+      }
+    }
+    return;
+  }
+
+  const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
+  T* Bs = smem_at<T>(SMEM_B);
+  const T* panel = a.panel();
+  const int ps = a.panel_stride();
+  const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
+  const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
+  const i64 nq = ((nrb - 1 - blockIdx.x) / gridDim.x + 1) * (kt0 * ct0 + kt1 * ct1);
+  const ChunkCopy<T, BK, BN / W, C, BN> copy_b(tid);
+  const unsigned bs0 = smem_addr(Bs);
+
+  // B loader, STAGES - 1 chunks ahead: segment ls, column tile ln0, K chunk
+  // lkt (lb its first element); the walk repeats per row block.
+  int ls = 0, lkt = 0, ln0 = 0, lst = 0;
+  const T* lb = seg0.B;
+  i64 lq = 0;
+  auto load_next = [&]() {
+    const int N = ls ? seg1.N : seg0.N, n0 = ln0;
+    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), lb, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
+    lb += BK * N;
+    if (++lkt == (ls ? kt1 : kt0)) {
+      lkt = 0;
+      ln0 += BN;
+      if (ln0 >= N) {
+        ln0 = 0;
+        ls ^= 1;
+      }
+      lb = (ls ? seg1.B : seg0.B) + ln0;
+    }
+    lst = lst + 1 == STAGES ? 0 : lst + 1;
+    ++lq;
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (lq < nq) load_next();
+    cp_async_commit();
+  }
+  T acc[TM][TN];
+  zero_acc(acc);
+
+  RowWalk cw{(i64)blockIdx.x, 0, 0, 0};
+  int cst = 0;
+  for (i64 q = 0; q < nq; ++q) {
+    const int kts = cw.s ? kt1 : kt0, cts = cw.s ? ct1 : ct0;
+    if (cw.ct == 0 && cw.kt == 0) bar_sync(WS_FULL + cw.s, ALL);  // this segment's panel is formed
+    cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
+    bar_sync(WS_CONSUMERS, C);    // everyone's have; everyone is done with chunk q-1's slot
+    if (lq < nq) load_next();
+    cp_async_commit();
+    const int off = cw.s ? seg1.off : seg0.off;
+    mma_stream<T, BM, BN, BK, TM, TN>(acc, panel + off + cw.kt * BK, ps, Bs + cst * B_STAGE, ty, tx);
+    cst = cst + 1 == STAGES ? 0 : cst + 1;
+    if (cw.kt == kts - 1) {
+      // The segment's last read of the panel: hand it back if another row block follows.
+      if (cw.ct == cts - 1 && cw.rb + gridDim.x < nrb) bar_arrive(WS_EMPTY + cw.s, ALL);
+      store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, cw.rb * BM, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
     }
     cw.step(kt0, kt1, ct0, ct1);
   }

@@ -506,25 +506,114 @@ struct GzRows {
   }
 };
 
-// Fused: one gated layer, g_next = g + [gz_m0 @ W0^T | gz_m1 @ W1^T], gz
-// from GzRows; both segments of a row block in one block (gemm_rowblock).
+// The warp-specialised fused backward's A operand (pipe: ws): the whole row
+// block's gz as a panel in shared memory (rows ROW + W apart), formed by the
+// producer warps with the relay's own functions, as GzRows forms it: s, sig
+// and g_logit (GB rows at a time) and the scalar chain gz_s into s's buffer,
+// then each segment's gz (gz_s copied, g * gate elsewhere). Shared memory
+// (crates/gen/src/layout.rs): the B ring and s, then the panel, sig (BM x
+// LG) and the g_logit rows.
+template <typename T, int CF, int BM, int P, typename S>
+struct GzPanel {
+  static constexpr int GB = S::glog_rows, W = Vec<T>::W;
+  static_assert(GB > 0 && BM % GB == 0, "whole g_logit sub-blocks");
+  const T* gf;
+  const T* zf;
+  const T* gwf;
+  const T* gwtf;
+  i64 E;
+  int L, LG, ROW;
+  __device__ __forceinline__ int panel_stride() const { return ROW + W; }
+  __device__ __forceinline__ T* panel() const { return smem_at<T>(S::panel); }
+  __device__ __forceinline__ T* sig() const { return panel() + BM * panel_stride(); }
+  __device__ __forceinline__ T* glog() const { return sig() + BM * LG; }
+  __device__ __forceinline__ T* s() const { return smem_at<T>(S::s_rows); }
+  // sig, g_logit and gz_s of rows e0..; sync() between phases (producers only).
+  template <typename Sync>
+  __device__ __forceinline__ void prologue(i64 e0, Sync sync) const {
+    // The rows this block takes next: g and z into L2 while this one runs.
+    const i64 next = e0 + (i64)gridDim.x * BM;
+    if (threadIdx.x == 0 && next < E) {
+      const unsigned bytes = (unsigned)((E - next < BM ? E - next : BM) * ROW * sizeof(T));
+      prefetch_l2(gf + next * ROW, bytes);
+      prefetch_l2(zf + next * ROW, bytes);
+    }
+    load_scalar_rows<T, CF, BM, P>(s(), zf, e0, E, ROW);
+    sync();
+    compute_sig_rows<T, CF, BM, P>(sig(), s(), gwf, LG);
+    sync();
+    for (int r0 = 0; r0 < BM; r0 += GB) {
+      compute_glogit_rows<T, CF, GB, P>(glog(), sig() + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
+      sync();
+      T* sr = s() + r0 * CF;
+      compute_gzs_rows<T, CF, GB, P>([&](int m, int j, T v) { sr[m * CF + j] = v; }, glog(), gwtf, gf, zf, e0 + r0,
+                                     E, LG, ROW);
+      sync();
+    }
+  }
+  // gz of segment seg's columns of rows e0.. into the panel (rows past E
+  // zero). Segment 0 starts with the scalar subtile: gz_s as formed.
+  __device__ __forceinline__ void fill(int seg, i64 e0) const {
+    T* pn = panel();
+    const int ps = panel_stride();
+    if (seg == 0) {
+      for (int idx = threadIdx.x; idx < BM * CF / W; idx += P) {
+        const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
+        T x[W];
+        Vec<T>::load(s() + m * CF + j, x);
+        Vec<T>::store(pn + m * ps + j, x);
+      }
+    }
+    const int c0 = seg ? (L + 1) * CF : CF, nv = (seg ? 2 * LG : LG) / W;
+    const DivBy dv(nv);
+    const T* sg = sig();
+    batched<P, 4>(
+        BM * nv,
+        [&](int idx) {
+          const int m = dv.div(idx), c = c0 + (idx - m * nv) * W;
+          Regs<T, W> x{};
+          if (e0 + m < E) Vec<T>::ldg(gf + (e0 + m) * ROW + c, x.v);
+          return x;
+        },
+        [&](int idx, const Regs<T, W>& x) {
+          const int m = dv.div(idx), c = c0 + (idx - m * nv) * W;
+          const T* gate = gate_at<CF>(sg + m * LG, L, c);
+          T y[W];
+#pragma unroll
+          for (int w = 0; w < W; ++w) y[w] = op_gate<T>(x.v[w], gate[w]);
+          Vec<T>::store(pn + m * ps + c, y);
+        });
+  }
+};
+
+// Fused: one gated layer, g_next = g + [gz_m0 @ W0^T | gz_m1 @ W1^T]; both
+// segments of a row block in one block. pipe: stream -> gz formed per chunk
+// from GzRows (gemm_rowblock); pipe: ws -> from the producers' panel
+// (GzPanel, gemm_ws).
 template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
                                           const T* __restrict__ gw, const T* __restrict__ gwt,
                                           const T* __restrict__ wt0, const T* __restrict__ wt1,
                                           T* __restrict__ g_next, i64 E, int L) {
-  static_assert(PIPE == 2, "the fused backward streams (pipe: stream)");
-  static_assert(CF % BK == 0, "a K chunk lies in one subtile (GzRows::chunk)");
+  static_assert(PIPE == 2 || PIPE == 3, "the fused backward streams (pipe: stream or ws)");
+  static_assert(CF % BK == 0, "a K chunk lies in one subtile");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;
-  GzRows<T, CF, BM, (BM / TM) * (BN / TN), S> a{g + base, z + base, gw + (i64)f * CF * d.LG,
-                                                gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW};
   const Seg<T> seg0{wt0 + (i64)f * d.M0 * d.M0, d.M0, 0}, seg1{wt1 + (i64)f * d.M1 * d.M1, d.M1, d.M0};
-  gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile>(E, seg0, seg1, a, [&](i64 e, int n, const T* v) {
+  auto epi = [&](i64 e, int n, const T* v) {
     const i64 at = base + e * d.ROW + n;
     store_residual<T>(g_next + at, g + at, v);
-  });
+  };
+  if constexpr (PIPE == 3) {
+    GzPanel<T, CF, BM, S::producers, S> a{g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF,
+                                          E, L, d.LG, d.ROW};
+    gemm_ws<T, BM, BN, BK, TM, TN, STAGES, S::producers, S::b_tile>(E, seg0, seg1, a, epi);
+  } else {
+    GzRows<T, CF, BM, (BM / TM) * (BN / TN), S> a{g + base, z + base, gw + (i64)f * CF * d.LG,
+                                                  gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW};
+    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile>(E, seg0, seg1, a, epi);
+  }
 }
 
 }  // namespace ms

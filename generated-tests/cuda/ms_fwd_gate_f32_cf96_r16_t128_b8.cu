@@ -17,6 +17,8 @@ struct Smem {
   static constexpr int sig_slot = 0;
   static constexpr int glog_slot = -1;
   static constexpr int glog_rows = -1;
+  static constexpr int panel = -1;
+  static constexpr int producers = 0;
 };
 }  // namespace
 

@@ -29,7 +29,7 @@ pub const MAX_THREADS: u32 = 1024;
 /// stages; ignored for row-wise ones; 0 for a GEMM stage that walks whole
 /// row blocks, the fused backward), `f` focus streams and gate width `lg`.
 /// `resident`: how many blocks of this kernel the device holds at once, if
-/// known; a `pipe: stream` kernel walks its tiles with at most that many
+/// known; a `pipe: stream` or `ws` kernel walks its tiles with at most that many
 /// blocks (split over the `f` focus streams), else one block per tile.
 /// Pure: checks the entry's own consistency and the grid limits.
 pub fn launch_config(
@@ -46,16 +46,16 @@ pub fn launch_config(
             if block_m == 0 || bn == 0 || tm == 0 || tn == 0 || block_m % tm != 0 || bn % tn != 0 {
                 return Err(bad(format!("GEMM tile {block_m}x{bn} with thread tile {tm}x{tn}")));
             }
-            let t = (block_m / tm) * (bn / tn);
+            let t = entry.geometry.threads();
             if t != entry.threads {
-                return Err(bad(format!("(BLOCK_M/TM)*(BN/TN) = {t} but threads = {}", entry.threads)));
+                return Err(bad(format!("the tile's {t} threads but the entry's {}", entry.threads)));
             }
             // One flat x dimension, column blocks fastest: the blocks that
             // read the same A rows run together and share them through L2.
             let col_tiles = if n == 0 { 1 } else { (n as u64).div_ceil(bn as u64) };
             let tiles = (e as u64).div_ceil(block_m as u64) * col_tiles;
             let blocks = match (pipe, resident) {
-                (Pipe::Stream, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
+                (Pipe::Stream | Pipe::Ws, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
                 _ => tiles,
             };
             (t, blocks, 1)

@@ -142,8 +142,12 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 /// run even at the smallest lmax; dispatch skips it where it does not fit.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min: u32) -> Option<String> {
     if let Geometry::Gemm { block_k, .. } = *g {
-        if variant == Variant::Fused && !matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Stream, .. }) {
-            return Some("the fused backward streams: it needs pipe: stream".into());
+        let fused_pipe = matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws, .. });
+        if variant == Variant::Fused && !fused_pipe {
+            return Some("the fused backward streams: it needs pipe: stream or ws".into());
+        }
+        if variant != Variant::Fused && matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Ws, .. }) {
+            return Some("pipe: ws serves the fused backward only".into());
         }
         let sub = super::layout::GLOG_SUB_ROWS;
         if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {

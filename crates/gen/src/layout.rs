@@ -37,6 +37,10 @@ pub struct Layout {
     pub glog_rows: Option<u32>,
     /// Bytes per gate column: launch with `fixed + per_lg * L*Cf`.
     pub per_lg: u32,
+    /// `pipe: ws`: byte offset of the A panel (BLOCK_M rows of ROW + pad),
+    /// which sig (BLOCK_M x L*Cf) and the g_logit rows follow; the kernel
+    /// places them from L at run time and `fixed` / `per_lg` count them.
+    pub panel: Option<u32>,
 }
 
 /// Rounded up to 16 bytes; saturates (a saturated size never fits).
@@ -76,7 +80,11 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         glog_slot: None,
         glog_rows: None,
         per_lg: 0,
+        panel: None,
     };
+    if pipe == crate::kinds::Pipe::Ws {
+        return ws_layout(l, bufs, sz, cf, bm, bk, bn, stages);
+    }
     for b in bufs {
         match b {
             // With two stages the next K chunk is stored while this one computes.
@@ -84,7 +92,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
             SmemBuf::ATile => {
                 l.a_tile = match pipe {
                     crate::kinds::Pipe::Regs => place(prod(&[stages, bk, bm.saturating_add(apad), sz])),
-                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream => {
+                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws => {
                         place(prod(&[stages, bm, bk.saturating_add(apad), sz]))
                     }
                 }
@@ -125,6 +133,31 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         l.glog_rows = Some(sub);
         l.per_lg = l.per_lg.saturating_add(prod(&[sub, sz]));
     }
+    l
+}
+
+/// `pipe: ws` (the fused backward): the B ring and s, then the panel (whose
+/// row is ROW = 3*L*Cf + Cf plus a 16-byte pad: the Cf + pad part counts in
+/// `fixed`, 3 * BLOCK_M values in `per_lg`), sig and the g_logit rows. No A
+/// ring: the consumers read A from the panel.
+#[allow(clippy::too_many_arguments)]
+fn ws_layout(mut l: Layout, bufs: &[SmemBuf], sz: u32, cf: u32, bm: u32, bk: u32, bn: u32, stages: u32) -> Layout {
+    let mut at = 0u32;
+    let mut place = |bytes: u32| {
+        let off = at;
+        at = align16(at.saturating_add(bytes));
+        off
+    };
+    l.b_tile = Some(place(prod(&[stages, bk, bn, sz])));
+    if bufs.contains(&SmemBuf::SRows) {
+        l.s_rows = Some(place(prod(&[bm, cf, sz])));
+    }
+    l.panel = Some(at);
+    l.fixed = at.saturating_add(prod(&[bm, cf.saturating_add(l.apad), sz]));
+    let sub = GLOG_SUB_ROWS.min(bm);
+    l.glog_rows = Some(sub);
+    // panel 3 * bm, sig bm, g_logit sub rows per gate column
+    l.per_lg = prod(&[bm.saturating_mul(4).saturating_add(sub), sz]);
     l
 }
 

@@ -157,6 +157,10 @@ impl Renderer {
             targs.push(seg.to_string());
         }
         let l = &inst.layout;
+        let producers = match inst.geometry {
+            Geometry::Gemm { pipe: crate::kinds::Pipe::Ws, .. } => crate::kinds::WS_PRODUCER_THREADS,
+            _ => 0,
+        };
         // Every field is rendered; -1 marks a buffer the stage does not use.
         let opt = |v: Option<u32>| v.map(i64::from).unwrap_or(-1);
         let consts: Vec<(&str, i64)> = vec![
@@ -170,6 +174,8 @@ impl Renderer {
             ("sig_slot", opt(l.sig_slot)),
             ("glog_slot", opt(l.glog_slot)),
             ("glog_rows", opt(l.glog_rows)),
+            ("panel", opt(l.panel)),
+            ("producers", producers.into()),
         ];
         let mut ctx = tera::Context::new();
         ctx.insert("name", &inst.name);

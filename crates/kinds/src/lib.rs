@@ -182,7 +182,16 @@ pub enum Pipe {
     /// `stages` (2..4) chunks that does not drain between tiles; epilogue
     /// straight from registers. Launched with at most the resident blocks.
     Stream,
+    /// Warp-specialised persistent blocks (the fused backward only): besides
+    /// the (BLOCK_M/TM)*(BN/TN) consumer threads that run the GEMM from a
+    /// whole row block's A panel in shared memory (B through a ring of
+    /// `stages` chunks), [`WS_PRODUCER_THREADS`] producer threads form the
+    /// next row block's panel. Launched as `Stream` is.
+    Ws,
 }
+
+/// Producer threads of a `pipe: ws` block (four warps: one per scheduler).
+pub const WS_PRODUCER_THREADS: u32 = 128;
 
 impl Pipe {
     pub fn tag(self) -> &'static str {
@@ -190,6 +199,7 @@ impl Pipe {
             Pipe::Regs => "pr",
             Pipe::Async => "pa",
             Pipe::Stream => "ps",
+            Pipe::Ws => "pw",
         }
     }
     /// The value of the kernels' PIPE template argument.
@@ -198,6 +208,7 @@ impl Pipe {
             Pipe::Regs => 0,
             Pipe::Async => 1,
             Pipe::Stream => 2,
+            Pipe::Ws => 3,
         }
     }
 }
@@ -205,7 +216,8 @@ impl Pipe {
 /// How a stage is launched (docs/KERNELS.md "Launch geometry").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Geometry {
-    /// A BLOCK_M x BN output tile per block, (BLOCK_M/TM)*(BN/TN) threads.
+    /// A BLOCK_M x BN output tile per block, (BLOCK_M/TM)*(BN/TN) threads
+    /// (plus the producers with `pipe: ws`).
     /// `stages`: shared-memory stages of the K loop (2: the next chunk is
     /// loaded while this one computes); `min_blocks`: the second argument of
     /// `__launch_bounds__` (>1 caps registers for occupancy).
@@ -217,7 +229,14 @@ pub enum Geometry {
 impl Geometry {
     pub fn threads(&self) -> u32 {
         match *self {
-            Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
+            Geometry::Gemm { block_m, bn, tm, tn, pipe, .. } => {
+                let consumers = (block_m / tm) * (bn / tn);
+                if pipe == Pipe::Ws {
+                    consumers + WS_PRODUCER_THREADS
+                } else {
+                    consumers
+                }
+            }
             Geometry::Rows { threads, .. } => threads,
         }
     }
