@@ -5,7 +5,10 @@
 # sanitize.sh), and Nsight Compute on the kernels matching NCU_K (one
 # launch each, with per-SASS-instruction source counters as CSV), and with
 # GPU_TESTS="filters" only those gpu_stack tests, BENCH="seed cf64 f1" relay
-# against fused benches (REPS each), DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
+# against fused benches (REPS each), TILES="seed cf64 f1" every fused tile
+# matching MATCH against the relay (scripts/fused-tiles.sh), SWEEP=1 the Cf x
+# lmax sweep (scripts/fused-sweep.sh), PROBE=1 a short fused bench first
+# that ends the call if it fails, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
 # carry .whl too, scripts/stage-deepmd-wheels.sh). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
@@ -15,6 +18,13 @@ set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT/r"
 export PYTHONUNBUFFERED=1
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
+if [ "${PROBE:-0}" = 1 ]; then
+  # one short relay-vs-fused bench first: a fused kernel that hangs or
+  # faults stops the call here, not in every step after
+  timeout 60 .device/mixstack bench --preset seed --reps 2 --variant relay --variant fused > "$OUT/r/probe.out" 2>&1
+  rc=$?; echo "probe rc=$rc"; grep -vE "^    " "$OUT/r/probe.out" | tail -8
+  if [ $rc != 0 ]; then tar -C "$OUT/r" -czf "$OUT/results.tar.gz" .; exit 1; fi
+fi
 if [ "${TESTS:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${TESTS_S:-300}" bash scripts/on-device.sh tests > "$OUT/r/tests.out" 2>&1; echo "tests rc=$?"
   grep -E "^== |^test result|FAILED|panicked|SKIPPED|^verify" "$OUT/r/tests.out" | head -40
@@ -29,6 +39,13 @@ for p in ${BENCH:-}; do
   .device/mixstack bench --preset "$p" --reps "${REPS:-10}" --variant relay --variant fused > "$OUT/r/bench_$p.out" 2>&1
   echo "bench $p rc=$?"; grep -vE "^    fwd_|^default|^scratch" "$OUT/r/bench_$p.out"
 done
+for p in ${TILES:-}; do
+  # every fused tile matching MATCH against the relay, side by side
+  OUT=$OUT/r REPS="${REPS:-8}" timeout "${TILES_S:-100}" bash scripts/fused-tiles.sh "$p" --preset "$p"
+done
+if [ "${SWEEP:-0}" = 1 ]; then
+  OUT=$OUT/r REPS="${SWEEP_REPS:-5}" timeout "${SWEEP_S:-240}" bash scripts/fused-sweep.sh | tee "$OUT/r/sweep.md"
+fi
 if [ "${PY:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${PY_S:-150}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"
   grep -E "^== |^FAIL|tests passed|FAILED|Error" "$OUT/r/python.out" | head -20

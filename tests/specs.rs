@@ -161,9 +161,9 @@ fn a_duplicated_tile_names_both_lines() {
 #[test]
 fn a_second_default_for_one_key_is_refused() {
     let shipped = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
-    let d = "  - {stage: bwd_fused, dtype: f32, cf: 32, tile: m64_n64_k16_t8x4_s2_b4_ps}\n";
+    let d = "  - {stage: bwd_pointwise, dtype: f32, cf: 32, tile: r16_t128_b8}\n";
     assert!(shipped.contains(d));
-    let other = d.replace("m64_n64_k16_t8x4_s2_b4_ps", "m32_n64_k16_t8x4_s2_b6_ps");
+    let other = d.replace("r16_t128_b8", "r32_t128_b8");
     let dir = specs_with("tiles.yaml", |t| format!("{t}{other}"));
     let e = load_err(&dir);
     assert!(e.contains("a second default") && e.contains(&format!("(line {})", line_with(&shipped, d.trim()))), "{e}");
@@ -229,7 +229,7 @@ fn numbers_that_overflow_or_make_no_sense_are_refused() {
 #[test]
 fn a_default_must_name_an_instance() {
     let dir = specs_with("tiles.yaml", |t| {
-        t.replacen("tile: m64_n64_k16_t8x4_s2_b4_ps}", "tile: m64_n64_k16_t8x4_s9_b4_ps}", 1)
+        t.replacen("tile: m64_n64_k16_t4x4_s3_b1_pw}", "tile: m64_n64_k16_t4x4_s9_b1_pw}", 1)
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None).unwrap()).unwrap_err().to_string();
@@ -294,5 +294,38 @@ fn layout_places_buffers_aligned_and_grows_with_lmax() {
         }
         assert!(l.bytes(i.cf, 2) >= l.bytes(i.cf, 1));
         assert_eq!(l.bytes(i.cf, 3) - l.bytes(i.cf, 2), l.per_lg * i.cf);
+    }
+}
+
+/// `pipe: ws`: the kernel places the panel (BLOCK_M rows of ROW + one
+/// 16-byte pad), sig and the g_logit rows after it from L at run time
+/// (templates/stages.cuh: GzPanel); what it places must end exactly where the
+/// launch size does, for every lmax, and the fixed buffers must lie before
+/// the panel without overlapping. Producers come on top of the consumers.
+#[test]
+fn ws_layout_matches_what_the_kernel_places() {
+    let s = spec::load(&crate_dir().join("specs")).unwrap();
+    let ws: Vec<_> = expand(&s, None)
+        .unwrap()
+        .instances
+        .into_iter()
+        .filter(|i| matches!(i.geometry, Geometry::Gemm { pipe: Pipe::Ws, .. }))
+        .collect();
+    assert!(!ws.is_empty(), "no pipe: ws instance in the specs");
+    for i in ws {
+        let Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, .. } = i.geometry else { unreachable!() };
+        let (l, sz, cf) = (&i.layout, i.dtype.size() as u32, i.cf);
+        let (ring, s_rows, panel) = (l.b_tile.unwrap(), l.s_rows.unwrap(), l.panel.unwrap());
+        assert!(ring + stages * block_k * bn * sz <= s_rows, "{}: ring overlaps s", i.name);
+        assert!(s_rows + block_m * cf * sz <= panel, "{}: s overlaps the panel", i.name);
+        assert_eq!(panel % 16, 0, "{}", i.name);
+        let glog_rows = l.glog_rows.unwrap();
+        assert_eq!(block_m % glog_rows, 0, "{}", i.name);
+        for lmax in 1..=6u32 {
+            let (lg, row) = (lmax * cf, (3 * lmax + 1) * cf);
+            let end = panel + (block_m * (row + 16 / sz) + block_m * lg + glog_rows * lg) * sz;
+            assert_eq!(end, l.bytes(cf, lmax), "{} at lmax {lmax}", i.name);
+        }
+        assert_eq!(i.threads(), (block_m / tm) * (bn / tn) + mixstack::kinds::WS_PRODUCER_THREADS, "{}", i.name);
     }
 }
