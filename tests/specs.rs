@@ -229,7 +229,7 @@ fn numbers_that_overflow_or_make_no_sense_are_refused() {
 #[test]
 fn a_default_must_name_an_instance() {
     let dir = specs_with("tiles.yaml", |t| {
-        t.replacen("tile: m64_n64_k16_t4x4_s3_b1_pw}", "tile: m64_n64_k16_t4x4_s9_b1_pw}", 1)
+        t.replacen("tile: m64_n64_k16_t8x4_s2_b4_ps}", "tile: m64_n64_k16_t8x4_s9_b4_ps}", 1)
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None).unwrap()).unwrap_err().to_string();
