@@ -552,10 +552,27 @@ struct GzPanel {
     }
   }
   // gz of segment seg's columns of rows e0.. into the panel (rows past E
-  // zero). Segment 0 starts with the scalar subtile: gz_s as formed.
+  // zero). g comes straight into the panel by cp.async (every piece of a
+  // thread in flight at once, no registers: four producer warps loading
+  // through registers were the bottleneck, BENCH.md run 79), then each
+  // thread gates the pieces it copied, in place. Segment 0 starts with the
+  // scalar subtile: gz_s as formed.
   __device__ __forceinline__ void fill(int seg, i64 e0) const {
     T* pn = panel();
     const int ps = panel_stride();
+    const int c0 = seg ? (L + 1) * CF : CF, nv = (seg ? 2 * LG : LG) / W;
+    const DivBy dv(nv);
+    auto each = [&](auto f) {
+      for (int idx = threadIdx.x; idx < BM * nv; idx += P) {
+        const int m = dv.div(idx);
+        f(m, c0 + (idx - m * nv) * W);
+      }
+    };
+    each([&](int m, int c) {
+      const bool in = e0 + m < E;  // past E: zero fill from a valid address
+      cp_async16(pn + m * ps + c, in ? gf + (e0 + m) * ROW + c : gf, in ? 16 : 0);
+    });
+    cp_async_commit();
     if (seg == 0) {
       for (int idx = threadIdx.x; idx < BM * CF / W; idx += P) {
         const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
@@ -564,25 +581,16 @@ struct GzPanel {
         Vec<T>::store(pn + m * ps + j, x);
       }
     }
-    const int c0 = seg ? (L + 1) * CF : CF, nv = (seg ? 2 * LG : LG) / W;
-    const DivBy dv(nv);
+    cp_async_wait<0>();  // this thread's pieces have landed
     const T* sg = sig();
-    batched<P, 4>(
-        BM * nv,
-        [&](int idx) {
-          const int m = dv.div(idx), c = c0 + (idx - m * nv) * W;
-          Regs<T, W> x{};
-          if (e0 + m < E) Vec<T>::ldg(gf + (e0 + m) * ROW + c, x.v);
-          return x;
-        },
-        [&](int idx, const Regs<T, W>& x) {
-          const int m = dv.div(idx), c = c0 + (idx - m * nv) * W;
-          const T* gate = gate_at<CF>(sg + m * LG, L, c);
-          T y[W];
+    each([&](int m, int c) {
+      const T* gate = gate_at<CF>(sg + m * LG, L, c);
+      T x[W];
+      Vec<T>::load(pn + m * ps + c, x);
 #pragma unroll
-          for (int w = 0; w < W; ++w) y[w] = op_gate<T>(x.v[w], gate[w]);
-          Vec<T>::store(pn + m * ps + c, y);
-        });
+      for (int w = 0; w < W; ++w) x[w] = op_gate<T>(x[w], gate[w]);
+      Vec<T>::store(pn + m * ps + c, x);
+    });
   }
 };
 
