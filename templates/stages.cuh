@@ -447,15 +447,14 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
       });
 }
 
-// The fused backward's A operand: gz, formed chunk by chunk from the landed
-// g chunk (gemm_rowblock's form_own, from chunk()), never stored. Its tile hook computes, once per row block
-// and with the relay's own functions, what the relay's recompute and
-// pointwise kernels compute: sig, g_logit and the scalar chain gz_s. gz_s
-// takes s's buffer (s is dead once sig is formed) and g_logit is formed GB
-// rows at a time: the block keeps BM x (L*Cf + Cf) + GB x L*Cf values
-// besides its ring, so four 64-row blocks share an SM at the seed's shapes.
+// Both fused A operands' per-row work: what the relay's recompute and
+// pointwise kernels compute for rows e0.., with their own functions. s
+// (the scalar slice of z), sig = sigmoid(s @ GW), then g_logit GB rows at a
+// time (a GB x LG buffer, not BM x LG: what lets more blocks share an SM)
+// and the scalar chain gz_s over s's buffer (s is dead once sig is formed);
+// sync() between phases.
 template <typename T, int CF, int BM, int THREADS, typename S>
-struct GzRows {
+struct RowWork {
   // Rows of the g_logit buffer (crates/gen/src/layout.rs: GLOG_SUB_ROWS).
   static constexpr int GB = S::glog_rows;
   static_assert(GB > 0 && BM % GB == 0, "whole g_logit sub-blocks");
@@ -465,13 +464,8 @@ struct GzRows {
   const T* gwtf;
   i64 E;
   int L, LG, ROW;
-  __device__ __forceinline__ T* s_sh() const { return smem_at<T>(S::s_rows); }
-  __device__ __forceinline__ T* sig_sh() const { return per_lg_rows<T, S, BM>(S::sig_slot, LG); }
-  __device__ __forceinline__ const T* row(i64 e) const { return gf + e * ROW; }
-  __device__ __forceinline__ int stride() const { return ROW; }
-  __device__ __forceinline__ void tile(i64 e0) {
-    T* s = s_sh();
-    T* glog_sh = per_lg_rows<T, S, BM>(S::glog_slot, LG);
+  template <typename Sync>
+  __device__ __forceinline__ void per_row(i64 e0, T* s, T* sig, T* glog, Sync sync) const {
     // The rows this block takes next (persistent walk): g and z into L2 now,
     // so that their per-row work finds them there, not in DRAM (that work
     // runs between barriers, one latency per phase).
@@ -482,18 +476,33 @@ struct GzRows {
       prefetch_l2(zf + next * ROW, bytes);
     }
     load_scalar_rows<T, CF, BM, THREADS>(s, zf, e0, E, ROW);
-    __syncthreads();
-    compute_sig_rows<T, CF, BM, THREADS>(sig_sh(), s, gwf, LG);
-    __syncthreads();
-    // g_logit and the scalar chain GB rows at a time (a GB x LG buffer,
-    // not BM x LG: what lets more blocks share an SM).
+    sync();
+    compute_sig_rows<T, CF, BM, THREADS>(sig, s, gwf, LG);
+    sync();
     for (int r0 = 0; r0 < BM; r0 += GB) {
-      compute_glogit_rows<T, CF, GB, THREADS>(glog_sh, sig_sh() + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
-      __syncthreads();
-      compute_gzs_rows<T, CF, GB, THREADS>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog_sh, gwtf, gf,
-                                           zf, e0 + r0, E, LG, ROW);
-      __syncthreads();
+      compute_glogit_rows<T, CF, GB, THREADS>(glog, sig + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
+      sync();
+      compute_gzs_rows<T, CF, GB, THREADS>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog, gwtf, gf, zf,
+                                           e0 + r0, E, LG, ROW);
+      sync();
     }
+  }
+};
+
+// The fused backward's A operand with pipe: stream: gz, formed chunk by
+// chunk from the landed g chunk (gemm_rowblock's form_own, from chunk()),
+// never stored. Its tile hook runs the per-row work once per row block, the
+// whole block taking part: the block keeps BM x (L*Cf + Cf) + GB x L*Cf
+// values besides its ring, so four 64-row blocks share an SM at the seed's
+// shapes.
+template <typename T, int CF, int BM, int THREADS, typename S>
+struct GzRows : RowWork<T, CF, BM, THREADS, S> {
+  __device__ __forceinline__ T* s_sh() const { return smem_at<T>(S::s_rows); }
+  __device__ __forceinline__ T* sig_sh() const { return per_lg_rows<T, S, BM>(S::sig_slot, this->LG); }
+  __device__ __forceinline__ const T* row(i64 e) const { return this->gf + e * this->ROW; }
+  __device__ __forceinline__ int stride() const { return this->ROW; }
+  __device__ __forceinline__ void tile(i64 e0) {
+    this->per_row(e0, s_sh(), sig_sh(), per_lg_rows<T, S, BM>(S::glog_slot, this->LG), [] { __syncthreads(); });
   }
   // Subtile 0 is the scalar chain, formed whole by tile(): its g is never
   // copied into the ring.
@@ -502,7 +511,7 @@ struct GzRows {
   // group's gates (gate_at: consecutive columns, consecutive gates).
   __device__ __forceinline__ ChunkGz<T> chunk(int c0) const {
     if (c0 < CF) return ChunkGz<T>{s_sh() + c0, CF, true};
-    return ChunkGz<T>{gate_at<CF>(sig_sh(), L, c0), LG, false};
+    return ChunkGz<T>{gate_at<CF>(sig_sh(), this->L, c0), this->LG, false};
   }
 };
 
@@ -514,42 +523,17 @@ struct GzRows {
 // (crates/gen/src/layout.rs): the B ring and s, then the panel, sig (BM x
 // LG) and the g_logit rows.
 template <typename T, int CF, int BM, int P, typename S>
-struct GzPanel {
-  static constexpr int GB = S::glog_rows, W = Vec<T>::W;
-  static_assert(GB > 0 && BM % GB == 0, "whole g_logit sub-blocks");
-  const T* gf;
-  const T* zf;
-  const T* gwf;
-  const T* gwtf;
-  i64 E;
-  int L, LG, ROW;
-  __device__ __forceinline__ int panel_stride() const { return ROW + W; }
+struct GzPanel : RowWork<T, CF, BM, P, S> {
+  static constexpr int W = Vec<T>::W;
+  __device__ __forceinline__ int panel_stride() const { return this->ROW + W; }
   __device__ __forceinline__ T* panel() const { return smem_at<T>(S::panel); }
   __device__ __forceinline__ T* sig() const { return panel() + BM * panel_stride(); }
-  __device__ __forceinline__ T* glog() const { return sig() + BM * LG; }
+  __device__ __forceinline__ T* glog() const { return sig() + BM * this->LG; }
   __device__ __forceinline__ T* s() const { return smem_at<T>(S::s_rows); }
-  // sig, g_logit and gz_s of rows e0..; sync() between phases (producers only).
+  // The per-row work of rows e0.. (producers only: sync is theirs).
   template <typename Sync>
   __device__ __forceinline__ void prologue(i64 e0, Sync sync) const {
-    // The rows this block takes next: g and z into L2 while this one runs.
-    const i64 next = e0 + (i64)gridDim.x * BM;
-    if (threadIdx.x == 0 && next < E) {
-      const unsigned bytes = (unsigned)((E - next < BM ? E - next : BM) * ROW * sizeof(T));
-      prefetch_l2(gf + next * ROW, bytes);
-      prefetch_l2(zf + next * ROW, bytes);
-    }
-    load_scalar_rows<T, CF, BM, P>(s(), zf, e0, E, ROW);
-    sync();
-    compute_sig_rows<T, CF, BM, P>(sig(), s(), gwf, LG);
-    sync();
-    for (int r0 = 0; r0 < BM; r0 += GB) {
-      compute_glogit_rows<T, CF, GB, P>(glog(), sig() + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
-      sync();
-      T* sr = s() + r0 * CF;
-      compute_gzs_rows<T, CF, GB, P>([&](int m, int j, T v) { sr[m * CF + j] = v; }, glog(), gwtf, gf, zf, e0 + r0,
-                                     E, LG, ROW);
-      sync();
-    }
+    this->per_row(e0, s(), sig(), glog(), sync);
   }
   // gz of segment seg's columns of rows e0.. into the panel (rows past E
   // zero). g comes straight into the panel by cp.async (every piece of a
@@ -558,6 +542,9 @@ struct GzPanel {
   // thread gates the pieces it copied, in place. Segment 0 starts with the
   // scalar subtile: gz_s as formed.
   __device__ __forceinline__ void fill(int seg, i64 e0) const {
+    const int L = this->L, LG = this->LG, ROW = this->ROW;
+    const i64 E = this->E;
+    const T* gf = this->gf;
     T* pn = panel();
     const int ps = panel_stride();
     const int c0 = seg ? (L + 1) * CF : CF, nv = (seg ? 2 * LG : LG) / W;
@@ -614,12 +601,12 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
     store_residual<T>(g_next + at, g + at, v);
   };
   if constexpr (PIPE == 3) {
-    GzPanel<T, CF, BM, S::producers, S> a{g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF,
-                                          E, L, d.LG, d.ROW};
+    GzPanel<T, CF, BM, S::producers, S> a{
+        {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
     gemm_ws<T, BM, BN, BK, TM, TN, STAGES, S::producers, S::b_tile>(E, seg0, seg1, a, epi);
   } else {
-    GzRows<T, CF, BM, (BM / TM) * (BN / TN), S> a{g + base, z + base, gw + (i64)f * CF * d.LG,
-                                                  gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW};
+    GzRows<T, CF, BM, (BM / TM) * (BN / TN), S> a{
+        {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
     gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile>(E, seg0, seg1, a, epi);
   }
 }
