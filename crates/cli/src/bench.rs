@@ -442,9 +442,9 @@ fn gated_layer_times(
     fused: &[(String, String, f64)],
     gated: usize,
 ) -> Option<(f64, f64)> {
+    // None where the stage never ran: no ratio from an absent kernel.
     let total = |k: &[(String, String, f64)], stage: &str| {
-        let v: Vec<f64> = k.iter().filter(|x| x.0 == stage).map(|x| x.2).collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>())
+        k.iter().filter(|x| x.0 == stage).map(|x| x.2).fold(None, |acc: Option<f64>, ms| Some(acc.unwrap_or(0.0) + ms))
     };
     let (f, g) = (total(fused, "bwd_fused")?, total(relay, "bwd_gemm")?);
     (gated > 0).then(|| (f / gated as f64, g / gated as f64))
