@@ -586,6 +586,18 @@ struct ChunkCopy {
   }
 };
 
+// The first STAGES - 1 slots of a persistent cp.async ring: one commit group
+// each (empty past the walk's nq chunks), so the consumer's wait counts
+// hold whatever the walk's length. load_next() advances lq.
+template <int STAGES, typename Load>
+__device__ __forceinline__ void prime_ring(const i64& lq, i64 nq, Load& load_next) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (lq < nq) load_next();
+    cp_async_commit();
+  }
+}
+
 // Tile (m, n) of a block's walk, advanced by gridDim.x tiles at a time
 // without 64-bit divisions.
 struct TileWalk {
@@ -708,11 +720,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     ++lq;
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (lq < nq) load_next();
-    cp_async_commit();
-  }
+  prime_ring<STAGES>(lq, nq, load_next);
   T acc[TM][TN];
   zero_acc(acc);
 
@@ -848,11 +856,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     ++lq;
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (lq < nq) load_next();
-    cp_async_commit();
-  }
+  prime_ring<STAGES>(lq, nq, load_next);
   T acc[TM][TN];
   zero_acc(acc);
 
@@ -983,11 +987,7 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
     ++lq;
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (lq < nq) load_next();
-    cp_async_commit();
-  }
+  prime_ring<STAGES>(lq, nq, load_next);
   T acc[TM][TN];
   zero_acc(acc);
 

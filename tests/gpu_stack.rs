@@ -489,7 +489,7 @@ fn fused_persistent_walk_bitwise() {
     let name = "fused_persistent_walk_bitwise";
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
-    let e = if std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1") { 20_001 } else { 100_001 };
+    let e = if small_mode() { 20_001 } else { 100_001 };
     for (cf, lmax) in [(32u32, 2u32), (64, 1)] {
         let shape = Shape { f: 1, e, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
         let p = Problem::random(&mut rng, shape, true);
@@ -1066,8 +1066,11 @@ fn profiling_records_each_launch() {
 // ----------------------------------------------------------------------
 
 /// `MIXSTACK_TEST_SMALL=1` (the sanitizer script) skips the large tests.
+fn small_mode() -> bool {
+    std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1")
+}
 fn small_only(test: &str) -> bool {
-    let small = std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1");
+    let small = small_mode();
     if small {
         println!("SKIPPED (MIXSTACK_TEST_SMALL=1): {test}");
     }
@@ -1202,7 +1205,7 @@ fn failed_calls_free_what_they_took() {
         let (out, z_all) = st.forward(s, &u0, &alpha, true).unwrap();
         let mut fired = 0;
         // Under the sanitizers (MIXSTACK_TEST_SMALL=1) every 7th fault point.
-        let step = if std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1") { 7 } else { 1 };
+        let step = if small_mode() { 7 } else { 1 };
         let faults = (0..64).map(Fault::Allocation).chain((0..256).map(Fault::Launch));
         for fault in faults.step_by(step) {
             s.synchronize().unwrap();
