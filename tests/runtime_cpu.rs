@@ -9,7 +9,7 @@ use mixstack::runtime::launch::launch_config;
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
 use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
-use mixstack::runtime::table::{self, Dtype, Geometry, KernelEntry, Stage, Variant};
+use mixstack::runtime::table::{self, Arch, Dtype, Geometry, KernelEntry, Stage, Variant};
 
 // ----------------------------------------------------------------------
 // hand-built tables
@@ -41,6 +41,7 @@ fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool
     let variant = if stage == Stage::BwdFused { Variant::Fused } else { Variant::Relay };
     KernelEntry {
         name: leak(name),
+        arch: Arch::Sm90,
         stage,
         variant,
         dtype,
@@ -229,7 +230,7 @@ fn decision_spilling_only_fused_is_relay() {
     t.push(entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 32, 32, 4, 4), false, true));
     let d = decide_backward_path(&t, Dtype::F32, 32, true);
     assert_eq!(d.path, Path::Relay);
-    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
+    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
 }
 
 #[test]
@@ -245,7 +246,7 @@ fn decision_needs_a_streaming_tile_whose_block_k_divides_cf() {
         let d = decide_backward_path(&t, Dtype::F32, 32, true);
         assert_eq!(d.path == Path::Fused, fused, "{g:?}: {d}");
         if !fused {
-            assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
+            assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
         }
     }
 }
@@ -254,7 +255,7 @@ fn decision_needs_a_streaming_tile_whose_block_k_divides_cf() {
 fn decision_empty_table() {
     let d = decide_backward_path(&[], Dtype::F32, 32, true);
     assert_eq!(d.path, Path::Relay);
-    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
+    assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
 }
 
 // ----------------------------------------------------------------------
@@ -472,7 +473,7 @@ fn smem_limit_filters_per_lmax() {
     let d = d.with_smem_limit(Some(1000));
     let dec = d.decide_backward_path_at(Dtype::F32, 32, 2, true);
     assert_eq!(dec.path, Path::Relay);
-    assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFused });
+    assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
     // The lmax-free decision ignores the limit.
     assert_eq!(d.decide_backward_path(Dtype::F32, 32, true).path, Path::Fused);
 }
@@ -483,17 +484,26 @@ fn builtin_choice_is_the_builds_dispatch_table() {
     // exactly the rows the build wrote into its manifest (one rule).
     let m: mixstack_gen::embed::Manifest = serde_json::from_str(table::BUILD_MANIFEST_JSON).unwrap();
     assert!(!m.dispatch.is_empty());
-    let d = Dispatch::builtin().with_smem_limit(Some(table::ARCH_MAX_SMEM));
+    assert_eq!(m.archs, table::ARCHS);
     let none = TileOverride::new();
     for r in &m.dispatch {
+        let d = Dispatch::builtin().with_arch(r.arch).with_smem_limit(Some(r.arch.max_smem() as u64));
         let got = d.select(r.stage, r.dtype, r.cf, r.lmax, &none).unwrap();
-        assert_eq!(got.name, r.instance, "{} {} cf {} lmax {}", r.stage, r.dtype, r.cf, r.lmax);
+        let key = format!("{} {} {} cf {} lmax {}", r.arch, r.stage, r.dtype, r.cf, r.lmax);
+        assert_eq!(got.name, r.instance, "{key}");
+        assert_eq!(got.arch, r.arch, "{key}");
         assert!(got.accepted);
+        // and without a limit set, the arch's applies
+        let d = Dispatch::builtin().with_arch(r.arch);
+        assert_eq!(d.default_for(r.stage, r.dtype, r.cf, r.lmax).unwrap().name, r.instance, "{key}");
     }
-    // and without a limit set, the arch's applies
-    let d = Dispatch::builtin();
-    for r in &m.dispatch {
-        assert_eq!(d.default_for(r.stage, r.dtype, r.cf, r.lmax).unwrap().name, r.instance);
+    // Every arch has rows, and only the fused stage may lack them on one.
+    for &arch in table::ARCHS {
+        let stages: std::collections::BTreeSet<Stage> =
+            m.dispatch.iter().filter(|r| r.arch == arch).map(|r| r.stage).collect();
+        for s in Stage::ALL.into_iter().filter(|s| *s != Stage::BwdFused) {
+            assert!(stages.contains(&s), "{arch}: no dispatch row for {s}");
+        }
     }
 }
 
@@ -779,4 +789,86 @@ fn gpu_defaults_chain() {
     let d = Dispatch::new(&plain).with_gpu(Some("NVIDIA H100"));
     let (e, why) = d.default_with_reason(Stage::BwdGemm, Dtype::F32, 32, 3).unwrap();
     assert_eq!((e.name, why), (plain[0].name, DefaultReason::FirstUsable));
+}
+
+// ----------------------------------------------------------------------
+// architectures
+// ----------------------------------------------------------------------
+
+/// The relay tiles built for sm_80 and sm_90, the fused ones for sm_90 only
+/// (as tiles.yaml builds them).
+fn two_arch_table() -> &'static [KernelEntry] {
+    let mut t = Vec::new();
+    for arch in [Arch::Sm80, Arch::Sm90] {
+        t.extend(relay_entries(Dtype::F32, 32).into_iter().map(|e| KernelEntry { arch, ..e }));
+    }
+    t.extend(fused_entries(32));
+    leak_table(t)
+}
+
+#[test]
+fn dispatch_serves_the_devices_compute_capability() {
+    let d = Dispatch::new(two_arch_table());
+    assert_eq!(d.archs(), [Arch::Sm80, Arch::Sm90]);
+    assert_eq!(d.arch(), Arch::Sm90, "without a device: the newest arch");
+    let none = TileOverride::new();
+    // The newest arch not newer than the device: sm_80 cubins run on 8.6 and
+    // 8.9; a newer major than the newest runs its PTX (JIT).
+    for (cc, want) in
+        [(80, Arch::Sm80), (86, Arch::Sm80), (89, Arch::Sm80), (90, Arch::Sm90), (100, Arch::Sm90), (120, Arch::Sm90)]
+    {
+        let on = d.for_device(cc).unwrap();
+        assert_eq!(on.arch(), want, "cc {cc}");
+        for s in [Stage::BwdGemm, Stage::FwdGate, Stage::BwdFinal] {
+            assert_eq!(on.select(s, Dtype::F32, 32, 3, &none).unwrap().arch, want, "cc {cc} {s}");
+        }
+        assert!(on.candidates(Stage::FwdM0, Dtype::F32, 32).iter().all(|e| e.arch == want));
+    }
+    // Older than every target: a typed error naming what the build serves.
+    match d.for_device(75) {
+        Err(e @ MixError::UnsupportedArch { cc: 75, .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("sm_75") && msg.contains("sm_80, sm_90"), "{msg}");
+        }
+        other => panic!("cc 7.5: expected UnsupportedArch, got {other:?}"),
+    }
+}
+
+#[test]
+fn fused_backward_on_an_arch_without_fused_tiles_is_the_relay() {
+    let d = Dispatch::new(two_arch_table());
+    let ampere = d.for_device(80).unwrap();
+    let dec = ampere.decide_backward_path(Dtype::F32, 32, true);
+    assert_eq!(dec.path, Path::Relay);
+    assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm80 });
+    assert!(dec.to_string().contains("sm_80"), "{dec}");
+    assert_eq!(d.for_device(90).unwrap().decide_backward_path(Dtype::F32, 32, true).path, Path::Fused);
+    // Naming the sm_90-only tile there is refused, saying why.
+    let fused = d.for_device(90).unwrap().default_for(Stage::BwdFused, Dtype::F32, 32, 3).unwrap().name;
+    let tiles = TileOverride::new().with(Stage::BwdFused, fused);
+    match ampere.select(Stage::BwdFused, Dtype::F32, 32, 3, &tiles) {
+        Err(e @ MixError::BadOverride { .. }) => assert!(e.to_string().contains("not built for sm_80"), "{e}"),
+        other => panic!("expected BadOverride, got {other:?}"),
+    }
+}
+
+#[test]
+fn builtin_table_builds_every_target_arch() {
+    // The specs' targets, each with its own rows; the fused stage on sm_90
+    // only (its tiles use Hopper's bulk L2 prefetch).
+    if table::KERNELS.is_empty() {
+        println!("SKIPPED (empty kernel table): builtin_table_builds_every_target_arch");
+        return;
+    }
+    assert_eq!(table::ARCHS, [Arch::Sm80, Arch::Sm90]);
+    let d = Dispatch::builtin();
+    assert_eq!(d.archs(), table::ARCHS);
+    let ampere = d.for_device(80).unwrap();
+    assert!(ampere.candidates(Stage::BwdFused, Dtype::F32, 32).is_empty());
+    assert!(!d.candidates(Stage::BwdFused, Dtype::F32, 32).is_empty());
+    for cf in [32usize, 64, 96, 128] {
+        let s = StackShape::new(2, cf, 3, 3);
+        validate_shape::<f32>(&ampere, &s).unwrap_or_else(|e| panic!("sm_80 f32 {s:?}: {e}"));
+        validate_shape::<f64>(&ampere, &s).unwrap_or_else(|e| panic!("sm_80 f64 {s:?}: {e}"));
+    }
 }

@@ -89,11 +89,11 @@ fn ptx_and_report_match_snapshot() {
     }
     let mut diffs = Vec::new();
     for k in KERNELS.iter().filter(|k| k.accepted) {
-        let p = snap(&format!("{}/{}.ptx", snapshot::PTX_DIR, k.name));
-        let committed = std::fs::read_to_string(&p).unwrap_or_default();
+        let rel = format!("{}/{}.ptx", k.arch, k.name);
+        let committed = std::fs::read_to_string(snap(&format!("{}/{rel}", snapshot::PTX_DIR))).unwrap_or_default();
         let built =
             if k.ptx.is_empty() { std::fs::read_to_string(k.ptx_file).unwrap_or_default() } else { k.ptx.to_string() };
-        diffs.extend(diff(&format!("{}.ptx", k.name), &committed, &built));
+        diffs.extend(diff(&rel, &committed, &built));
     }
     let committed = std::fs::read_to_string(snap(snapshot::MANIFEST_FILE)).unwrap_or_default();
     let now = serde_json::to_string_pretty(&built_manifest()).unwrap() + "\n";
@@ -103,16 +103,23 @@ fn ptx_and_report_match_snapshot() {
 
 #[test]
 fn snapshot_holds_no_stale_ptx() {
-    let names: Vec<String> = KERNELS.iter().filter(|k| k.accepted).map(|k| format!("{}.ptx", k.name)).collect();
+    // ptx/<arch>/<name>.ptx, one per accepted instance build.
+    let names: Vec<String> =
+        KERNELS.iter().filter(|k| k.accepted).map(|k| format!("{}/{}.ptx", k.arch, k.name)).collect();
     if narrowed() {
         return;
     }
-    for e in std::fs::read_dir(Path::new(&snap(snapshot::PTX_DIR))).unwrap() {
-        let n = e.unwrap().file_name().to_string_lossy().to_string();
-        assert!(
-            names.contains(&n),
-            "{n} is in the snapshot but no accepted instance has that name; bless with `{BLESS}`"
-        );
+    for d in std::fs::read_dir(Path::new(&snap(snapshot::PTX_DIR))).unwrap() {
+        let d = d.unwrap();
+        let arch = d.file_name().to_string_lossy().to_string();
+        assert!(d.path().is_dir(), "{arch}: the snapshot keeps PTX under ptx/<arch>/; bless with `{BLESS}`");
+        for e in std::fs::read_dir(d.path()).unwrap() {
+            let n = format!("{arch}/{}", e.unwrap().file_name().to_string_lossy());
+            assert!(
+                names.contains(&n),
+                "{n} is in the snapshot but no accepted instance build has that name and arch; bless with `{BLESS}`"
+            );
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! CPU tests of the generator's front half: specs (errors with file, line
 //! and field), expansion and canonical names, layout, rendering.
 
-use mixstack::kinds::{canonical_name, Dtype, Geometry, Pipe, Stage};
+use mixstack::kinds::{canonical_name, Arch, Dtype, Geometry, Pipe, Stage};
 use mixstack_gen::{expand::expand, pipeline, render::Renderer, spec};
 use std::path::{Path, PathBuf};
 
@@ -130,7 +130,7 @@ fn line_with(text: &str, needle: &str) -> usize {
 #[test]
 fn a_duplicated_tile_names_both_lines() {
     let shipped = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
-    let entry = "    - {dtypes: [f32], cf: [32, 64], block_m: 32, bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 6, pipe: stream}\n";
+    let entry = "    - {dtypes: [f32], cf: [32, 64], block_m: 32, bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 6, pipe: stream, archs: [sm_90]}\n";
     assert!(shipped.contains(entry));
     let dir = specs_with("tiles.yaml", |t| t.replacen(entry, &format!("{entry}{entry}"), 1));
     let e = load_err(&dir);
@@ -328,4 +328,61 @@ fn ws_layout_matches_what_the_kernel_places() {
         }
         assert_eq!(i.threads(), (block_m / tm) * (bn / tn) + mixstack::kinds::WS_PRODUCER_THREADS, "{}", i.name);
     }
+}
+
+#[test]
+fn archs_are_checked_where_they_are_written() {
+    // stages.yaml: a known arch only (the YAML error has the line), oldest
+    // first, none twice.
+    let stages = std::fs::read_to_string(crate_dir().join("specs/stages.yaml")).unwrap();
+    let line = line_with(&stages, "archs: [sm_80, sm_90]");
+    let e = load_err(&specs_with("stages.yaml", |t| t.replace("archs: [sm_80, sm_90]", "archs: [sm_70, sm_90]")));
+    assert!(e.contains(&format!("stages.yaml:{line}:")) && e.contains("sm_70"), "{e}");
+    for bad in ["archs: [sm_90, sm_80]", "archs: [sm_90, sm_90]", "archs: []"] {
+        let e = load_err(&specs_with("stages.yaml", |t| t.replace("archs: [sm_80, sm_90]", bad)));
+        assert_eq!(line_of(&e, "stages.yaml"), line, "{bad}: {e}");
+        assert!(e.contains("archs: need at least one arch, oldest first"), "{bad}: {e}");
+    }
+    // tiles.yaml: a tile's archs are targets of stages.yaml.
+    let tiles = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
+    let entry =
+        "block_m: 64, bn: 64, block_k: 16, tm: 8, tn: 4, stages: 2, min_blocks: 4, pipe: stream, archs: [sm_90]}";
+    let line = line_with(&tiles, entry);
+    let dir = specs_with("stages.yaml", |t| t.replace("archs: [sm_80, sm_90]", "archs: [sm_80]"));
+    let e = load_err(&dir);
+    assert_eq!(line_of(&e, "tiles.yaml"), line, "{e}");
+    assert!(e.contains("archs: sm_90 is not a target of stages.yaml `archs` (sm_80)"), "{e}");
+    let e = load_err(&specs_with("tiles.yaml", |t| t.replacen("archs: [sm_90]", "archs: []", 1)));
+    assert!(e.contains("archs: need at least one arch"), "{e}");
+}
+
+#[test]
+fn instances_build_for_their_tiles_archs() {
+    // The fused tiles say sm_90 (Hopper's bulk L2 prefetch); a tile without
+    // `archs` builds for every target; an arch whose shared memory the tile
+    // exceeds even at the smallest lmax is dropped, the instance kept for
+    // the others.
+    let specs = mixstack_gen::spec::load(&crate_dir().join("specs")).unwrap();
+    let exp = mixstack_gen::expand::expand(&specs, None).unwrap();
+    assert_eq!(specs.stages.archs, [Arch::Sm80, Arch::Sm90]);
+    for i in &exp.instances {
+        if i.stage == Stage::BwdFused {
+            assert_eq!(i.archs, [Arch::Sm90], "{}", i.name);
+        }
+    }
+    let default_gemm = "ms_bwd_gemm_f32_cf32_m128_n64_k32_t8x4_s3_b2_ps";
+    let i = exp.instances.iter().find(|i| i.name == default_gemm).unwrap();
+    assert_eq!(i.archs, [Arch::Sm80, Arch::Sm90]);
+    // A tile built everywhere that needs more than sm_80's 163 KiB.
+    let dir = specs_with("tiles.yaml", |t| {
+        t.replacen(
+            "  relay_gemm:\n",
+            "  relay_gemm:\n    - {dtypes: [f32], cf: [128], block_m: 256, bn: 128, block_k: 32, tm: 8, tn: 8, stages: 4, min_blocks: 1, pipe: stream}\n",
+            1,
+        )
+    });
+    let specs = mixstack_gen::spec::load(&dir).unwrap();
+    let exp = mixstack_gen::expand::expand(&specs, None).unwrap();
+    let big = exp.instances.iter().find(|i| i.name == "ms_bwd_gemm_f32_cf128_m256_n128_k32_t8x8_s4_b1_ps").unwrap();
+    assert_eq!(big.archs, [Arch::Sm90], "{} B at lmax 1", big.layout.bytes(128, 1));
 }

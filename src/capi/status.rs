@@ -121,7 +121,7 @@ pub fn status_of(e: &MixError) -> mixstack_status {
         | MixError::ScratchCap { .. }
         | MixError::NoWeights => MIXSTACK_ERR_BAD_ARGUMENT,
         MixError::NoDriver { .. } | MixError::Driver { .. } | MixError::Blas { .. } => MIXSTACK_ERR_CUDA,
-        MixError::SharedMemory { .. } => MIXSTACK_ERR_UNSUPPORTED,
+        MixError::SharedMemory { .. } | MixError::UnsupportedArch { .. } => MIXSTACK_ERR_UNSUPPORTED,
         MixError::TableInconsistent { .. } | MixError::PlanInconsistent { .. } => MIXSTACK_ERR_INTERNAL,
     }
 }

@@ -35,3 +35,14 @@ pub fn device_name(ctx: &CudaContext) -> Result<&'static str, MixError> {
     names.push(n);
     Ok(n)
 }
+
+/// The device's compute capability as major * 10 + minor (90 for an H200),
+/// which picks the build arch that serves it (`Dispatch::for_device`).
+pub fn compute_capability(ctx: &CudaContext) -> Result<u32, MixError> {
+    use cudarc::driver::sys::CUdevice_attribute::{
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+    };
+    let query = |a| ctx.attribute(a).during(|| "querying the compute capability".into());
+    let (major, minor) = (query(MAJOR)?, query(MINOR)?);
+    Ok((major.max(0) as u32) * 10 + minor.clamp(0, 9) as u32)
+}

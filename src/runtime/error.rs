@@ -60,6 +60,10 @@ pub enum MixError {
     #[error("dtype {dtype} is not supported by the {path} path")]
     UnsupportedDtype { dtype: Dtype, path: &'static str },
 
+    /// The device's architecture predates every one the build targets.
+    #[error("the device is sm_{cc} (compute capability {}.{}); this build serves {built} and newer", cc / 10, cc % 10)]
+    UnsupportedArch { cc: u32, built: String },
+
     /// The table has no accepted kernel for this (stage, dtype, cf).
     #[error("no accepted kernel for stage {stage}, dtype {dtype}, Cf {cf}")]
     NoKernel { stage: Stage, dtype: Dtype, cf: u32 },

@@ -177,7 +177,10 @@ impl Kernels {
         if entry.ptx.is_empty() || entry.ptx.contains('\0') {
             let why = if entry.ptx.is_empty() { "has no PTX" } else { "has a NUL byte in its PTX" };
             return match cubin_err {
-                Some(e) => Err(MixError::driver(format!("loading the sm_90 cubin of {} (which {why})", entry.name), e)),
+                Some(e) => Err(MixError::driver(
+                    format!("loading the {} cubin of {} (which {why})", entry.arch, entry.name),
+                    e,
+                )),
                 None => Err(MixError::TableInconsistent { kernel: entry.name, why: format!("no cubin and {why}") }),
             };
         }

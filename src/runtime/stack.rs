@@ -307,13 +307,15 @@ impl<T: Element> Stack<T> {
         Self::build(stream, dispatch, shape, None)
     }
 
-    /// `dispatch` limited to the device's opt-in shared memory and keyed to
-    /// its name (unless set already), and the shape checked against it.
+    /// `dispatch` serving the device's architecture, limited to its opt-in
+    /// shared memory and keyed to its name (unless set already), and the
+    /// shape checked against it.
     fn device_dispatch(
         stream: &Arc<CudaStream>,
         dispatch: Dispatch<'static>,
         shape: &StackShape,
     ) -> Result<Dispatch<'static>, MixError> {
+        let dispatch = dispatch.for_device(super::device::compute_capability(stream.context())?)?;
         let dispatch = match dispatch.smem_limit() {
             Some(_) => dispatch,
             None => {

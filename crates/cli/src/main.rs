@@ -53,7 +53,7 @@ fn main() -> ExitCode {
     let args = Cli::parse();
     let result = match args.command {
         Some(Command::Report { plan: true, shape, .. }) => plan::run(&shape),
-        Some(Command::Report { shape, .. }) if shape.gpu.is_some() => plan::gpu_table(&shape),
+        Some(Command::Report { shape, .. }) if shape.gpu.is_some() || shape.cc.is_some() => plan::gpu_table(&shape),
         Some(Command::Report { json, .. }) => report::run(json),
         Some(Command::Verify { vectors }) => verify::run(vectors.as_deref()),
         Some(Command::Bench(args)) => bench::run(&args),

@@ -35,26 +35,45 @@ pub struct PlanArgs {
     /// Scratch cap in bytes (default: none; chunks appear below E * scratch per edge).
     #[arg(long)]
     cap: Option<u64>,
-    /// Opt-in shared memory per block the plan may use (default: H100 / H200).
-    #[arg(long, default_value_t = 232_448)]
-    smem: u64,
+    /// Opt-in shared memory per block the plan may use (default: the
+    /// flagship of the arch serving --cc: 227 KiB for H100 / H200).
+    #[arg(long)]
+    smem: Option<u64>,
     /// The device name tiles.yaml's GPU-keyed defaults are matched against
     /// ("NVIDIA H200"); without --plan, prints the dispatch table it gets.
     #[arg(long)]
     pub gpu: Option<String>,
+    /// The device's compute capability, major * 10 + minor (80: A100, 90:
+    /// H100 / H200); picks the build arch that serves it. Default: the
+    /// newest arch built. Without --plan, prints the dispatch table it gets.
+    #[arg(long)]
+    pub cc: Option<u32>,
 }
 
-fn dispatch(a: &PlanArgs) -> &'static Dispatch<'static> {
+fn dispatch(a: &PlanArgs) -> Result<&'static Dispatch<'static>, Box<dyn std::error::Error>> {
     let gpu: Option<&'static str> = a.gpu.clone().map(|g| &*Box::leak(g.into_boxed_str()));
-    Box::leak(Box::new(Dispatch::builtin().with_smem_limit(Some(a.smem)).with_gpu(gpu)))
+    let d = Dispatch::builtin();
+    let d = match a.cc {
+        Some(cc) => d.for_device(cc)?,
+        None => d,
+    };
+    let smem = a.smem.unwrap_or(d.arch().max_smem() as u64);
+    Ok(Box::leak(Box::new(d.with_smem_limit(Some(smem)).with_gpu(gpu))))
 }
 
-/// `mixstack report --gpu NAME`: each key's kernel on that GPU, and which
-/// link of the chain of defaults chose it.
+/// `mixstack report --gpu NAME --cc N`: each key's kernel on that GPU, and
+/// which build arch and which link of the chain of defaults chose it.
 pub fn gpu_table(a: &PlanArgs) -> CliResult {
-    let d = dispatch(a);
+    let d = dispatch(a)?;
     let name = a.gpu.as_deref().unwrap_or_default();
-    println!("# dispatch on GPU {name:?} (smem {} B): kernel, and why", a.smem);
+    let cc = a.cc.map_or("the newest built".to_string(), |c| format!("{}.{}", c / 10, c % 10));
+    let built: Vec<&str> = d.archs().iter().map(|a| a.as_str()).collect();
+    println!(
+        "# dispatch on GPU {name:?}, compute capability {cc}: the {} kernels (built: {}; the newest not newer than the device), smem {} B: kernel, and why",
+        d.arch(),
+        built.join(", "),
+        d.smem_limit().unwrap_or(0)
+    );
     let (lo, hi) = d.lmax_range();
     for dtype in [Dtype::F32, Dtype::F64] {
         for cf in d.cfs(dtype) {
@@ -75,7 +94,7 @@ pub fn run(a: &PlanArgs) -> CliResult {
     if a.e == 0 {
         return Err("--e 0: a call with no edge runs no step".into());
     }
-    let d = dispatch(a);
+    let d = dispatch(a)?;
     let shape = StackShape::new(a.f, a.cf, a.lmax, a.layers);
     match dtype {
         Dtype::F32 => validate_shape::<f32>(d, &shape)?,
@@ -84,7 +103,7 @@ pub fn run(a: &PlanArgs) -> CliResult {
     let planner = Planner { shape, dtype, dispatch: d };
     let machine = Machine { cublas: !a.no_cublas, scratch_cap: a.cap.unwrap_or(u64::MAX) };
     let tiles = TileOverride::new();
-    let gpu = a.gpu.as_deref().map_or(String::new(), |g| format!(", GPU {g:?}"));
+    let gpu = a.gpu.as_deref().map_or(String::new(), |g| format!(", GPU {g:?}")) + &format!(", {}", d.arch());
     println!("# plan: {dtype} F {} Cf {} lmax {} layers {} E {}{gpu}; {machine:?}", a.f, a.cf, a.lmax, a.layers, a.e);
     print!("## forward\n{}", planner.forward(a.e, true, &tiles, &machine)?);
     let choice = planner.backward_choice(a.fused, &tiles, machine.cublas)?;

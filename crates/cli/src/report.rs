@@ -3,7 +3,7 @@
 //! backward path per (dtype, Cf).
 
 use super::CliResult;
-use mixstack::kinds::Dtype;
+use mixstack::kinds::{Arch, Dtype};
 use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE};
 use mixstack::runtime::Dispatch;
 use mixstack_gen::buildlog;
@@ -12,6 +12,7 @@ use serde::Serialize;
 
 #[derive(Serialize)]
 struct BackwardRow {
+    arch: Arch,
     dtype: Dtype,
     cf: u32,
     switch_off: String,
@@ -25,10 +26,12 @@ struct DispatchJson<'a> {
     backward: Vec<BackwardRow>,
 }
 
-/// An instance rejected because ptxas reports spills (the build counts these).
+/// An instance rejected on an arch because ptxas reports spills (the build
+/// counts these).
 #[derive(Serialize, Debug, PartialEq)]
 struct RejectedRow {
     name: String,
+    arch: Arch,
     spill_stores: u32,
     spill_loads: u32,
     registers: u32,
@@ -48,6 +51,7 @@ fn rejected_rows(m: &Manifest) -> Vec<RejectedRow> {
         .filter(|i| !i.accepted)
         .map(|i| RejectedRow {
             name: i.name.clone(),
+            arch: i.arch,
             spill_stores: i.spill_stores,
             spill_loads: i.spill_loads,
             registers: i.registers,
@@ -57,15 +61,16 @@ fn rejected_rows(m: &Manifest) -> Vec<RejectedRow> {
 }
 
 fn backward_rows(m: &Manifest) -> Vec<BackwardRow> {
-    let d = Dispatch::builtin();
-    let mut keys: Vec<(Dtype, u32)> = m.instances.iter().map(|i| (i.dtype, i.cf)).collect();
+    let mut keys: Vec<(Arch, Dtype, u32)> = m.instances.iter().map(|i| (i.arch, i.dtype, i.cf)).collect();
     keys.sort();
     keys.dedup();
     keys.into_iter()
-        .map(|(dtype, cf)| {
+        .map(|(arch, dtype, cf)| {
+            let d = Dispatch::builtin().with_arch(arch);
             let off = d.decide_backward_path(dtype, cf, false);
             let on = d.decide_backward_path(dtype, cf, true);
             BackwardRow {
+                arch,
                 dtype,
                 cf,
                 switch_off: off.path.to_string(),
@@ -96,18 +101,19 @@ pub fn run(json: bool) -> CliResult {
         "# kernel instances ({} from {}, {}; lmax {}..{} is a runtime argument)",
         m.instances.len(),
         BUILD_SOURCE,
-        m.arch,
+        m.archs.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(" + "),
         m.lmax.0,
         m.lmax.1
     );
     println!(
-        "{:<52} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  dispatched",
-        "name", "stage", "var", "dt", "cf", "block_m", "bn", "thr", "regs", "spillS", "spillL", "accepted"
+        "{:<52} {:<5} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  dispatched",
+        "name", "arch", "stage", "var", "dt", "cf", "block_m", "bn", "thr", "regs", "spillS", "spillL", "accepted"
     );
     for i in &m.instances {
         println!(
-            "{:<52} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  {}",
+            "{:<52} {:<5} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  {}",
             i.name,
+            i.arch.as_str(),
             i.stage.as_str(),
             i.variant.as_str(),
             i.dtype.as_str(),
@@ -128,22 +134,23 @@ pub fn run(json: bool) -> CliResult {
     let rejected: Vec<&ManifestInstance> = m.instances.iter().filter(|i| !i.accepted).collect();
     println!("\n# rejected: {} instances spill (ptxas): no code embedded, never dispatched", rejected.len());
     for i in rejected {
-        println!("{:<52} {}", i.name, buildlog::spills(i));
+        println!("{:<52} {:<5} {}", i.name, i.arch.as_str(), buildlog::spills(i));
     }
-    println!("\n# dispatch per (stage, dtype, cf): instance [lmax range]");
+    println!("\n# dispatch per (arch, stage, dtype, cf): instance [lmax range]");
     let mut i = 0;
     while i < m.dispatch.len() {
         let r = &m.dispatch[i];
         let mut j = i;
         while j + 1 < m.dispatch.len() {
             let n = &m.dispatch[j + 1];
-            if (n.stage, n.dtype, n.cf, &n.instance) != (r.stage, r.dtype, r.cf, &r.instance) {
+            if (n.arch, n.stage, n.dtype, n.cf, &n.instance) != (r.arch, r.stage, r.dtype, r.cf, &r.instance) {
                 break;
             }
             j += 1;
         }
         println!(
-            "{:<15} {:<4} cf {:>3} lmax {}..{}: {}",
+            "{:<5} {:<15} {:<4} cf {:>3} lmax {}..{}: {}",
+            r.arch.as_str(),
             r.stage.as_str(),
             r.dtype.as_str(),
             r.cf,
@@ -153,9 +160,10 @@ pub fn run(json: bool) -> CliResult {
         );
         i = j + 1;
     }
-    println!("\n# backward path per (dtype, cf): switch off / switch on (MIXSTACK_STACK_BWD_FUSED)");
+    println!("\n# backward path per (arch, dtype, cf): switch off / switch on (MIXSTACK_STACK_BWD_FUSED)");
     for b in &backward {
-        println!("{:<4} cf {:>3}: {} / {} ({})", b.dtype.as_str(), b.cf, b.switch_off, b.switch_on, b.reason_on);
+        let (arch, dt) = (b.arch.as_str(), b.dtype.as_str());
+        println!("{arch:<5} {dt:<4} cf {:>3}: {} / {} ({})", b.cf, b.switch_off, b.switch_on, b.reason_on);
     }
     Ok(())
 }
@@ -172,9 +180,10 @@ mod tests {
         // One accepted instance made to spill shows up, numbers and all.
         let i = m.instances.iter_mut().find(|i| i.accepted).unwrap();
         (i.accepted, i.spill_stores, i.spill_loads, i.registers, i.stack_bytes) = (false, 20, 16, 255, 24);
-        let name = i.name.clone();
+        let (name, arch) = (i.name.clone(), i.arch);
         let rows = rejected_rows(&m);
-        let row = rows.iter().find(|r| r.name == name).expect("listed");
-        assert_eq!(*row, RejectedRow { name, spill_stores: 20, spill_loads: 16, registers: 255, stack_bytes: 24 });
+        let row = rows.iter().find(|r| r.name == name && r.arch == arch).expect("listed");
+        let want = RejectedRow { name, arch, spill_stores: 20, spill_loads: 16, registers: 255, stack_bytes: 24 };
+        assert_eq!(*row, want);
     }
 }

@@ -6,6 +6,7 @@
 
 use super::embed::{Manifest, ManifestInstance};
 use super::snapshot;
+use crate::kinds::Arch;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -49,18 +50,17 @@ pub fn spills(i: &ManifestInstance) -> String {
 /// spills, each pruned instance the snapshot did not prune, and, unless this
 /// build blesses it, whether the snapshot is stale (`cargo test` says so too).
 pub fn lines(now: &Manifest, committed: Option<&Manifest>, origin: &Origin, blessing: bool) -> Vec<String> {
-    let rejected_before: BTreeSet<&str> = committed
-        .map(|m| m.instances.iter().filter(|i| !i.accepted).map(|i| i.name.as_str()).collect())
-        .unwrap_or_default();
-    let accepted_before: BTreeSet<&str> = committed
-        .map(|m| m.instances.iter().filter(|i| i.accepted).map(|i| i.name.as_str()).collect())
-        .unwrap_or_default();
+    // Rows are (instance, arch) builds.
+    let key = |i: &ManifestInstance| (i.name.clone(), i.arch);
+    let rejected_before: BTreeSet<(String, Arch)> =
+        committed.map(|m| m.instances.iter().filter(|i| !i.accepted).map(key).collect()).unwrap_or_default();
+    let accepted_before: BTreeSet<(String, Arch)> =
+        committed.map(|m| m.instances.iter().filter(|i| i.accepted).map(key).collect()).unwrap_or_default();
     let pruned_before: BTreeSet<&str> =
         committed.map(|m| m.pruned.iter().map(|p| p.name.as_str()).collect()).unwrap_or_default();
 
     let rejected: Vec<&ManifestInstance> = now.instances.iter().filter(|i| !i.accepted).collect();
-    let new: Vec<&ManifestInstance> =
-        rejected.iter().copied().filter(|i| !rejected_before.contains(i.name.as_str())).collect();
+    let new: Vec<&ManifestInstance> = rejected.iter().copied().filter(|i| !rejected_before.contains(&key(i))).collect();
     let known = rejected.len() - new.len();
     let new_pruned: Vec<_> = now.pruned.iter().filter(|p| !pruned_before.contains(p.name.as_str())).collect();
     let known_pruned = now.pruned.len() - new_pruned.len();
@@ -96,15 +96,17 @@ pub fn lines(now: &Manifest, committed: Option<&Manifest>, origin: &Origin, bles
             fingerprint.get(..12).unwrap_or(fingerprint)
         ),
     };
+    let per_arch: Vec<String> =
+        now.archs.iter().map(|a| format!("{a} {}", now.instances.iter().filter(|i| i.arch == *a).count())).collect();
     let mut out = vec![format!(
-        "mixstack: {} instances, {} accepted, {rejections}{pruned}; {from}",
+        "mixstack: {} instance builds ({}), {} accepted, {rejections}{pruned}; {from}",
         now.instances.len(),
+        per_arch.join(", "),
         now.instances.len() - rejected.len()
     )];
     for i in new {
-        let was =
-            if accepted_before.contains(i.name.as_str()) { "accepted in the snapshot" } else { "not in the snapshot" };
-        out.push(format!("rejected {} ({was}): {}", i.name, spills(i)));
+        let was = if accepted_before.contains(&key(i)) { "accepted in the snapshot" } else { "not in the snapshot" };
+        out.push(format!("rejected {} on {} ({was}): {}", i.name, i.arch, spills(i)));
     }
     for p in new_pruned {
         out.push(format!("pruned {}: {}", p.name, p.reason));

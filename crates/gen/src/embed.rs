@@ -3,29 +3,31 @@
 
 use super::check::Resources;
 use super::expand::{Instance, Pruned};
-use super::layout::SM90_MAX_SMEM;
-use crate::kinds::{Dtype, Geometry, Stage, Variant};
+use crate::kinds::{Arch, Dtype, Geometry, Stage, Variant};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 
-/// An instance after compile and check.
+/// An instance after compile and check, on one of its archs.
 #[derive(Debug, Clone)]
 pub struct Built {
     pub instance: Instance,
+    pub arch: Arch,
     pub resources: Resources,
     pub accepted: bool,
-    /// Chosen by dispatch for its (stage, dtype, cf) key.
+    /// Chosen by dispatch for its (stage, dtype, cf) key on its arch.
     pub is_default: bool,
     pub ptx: Option<PathBuf>,
     pub cubin: Option<PathBuf>,
 }
 
-/// One row of the manifest (`mixstack report --json` prints these).
+/// One row of the manifest (`mixstack report --json` prints these): an
+/// instance on one arch.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ManifestInstance {
     pub name: String,
+    pub arch: Arch,
     pub stage: Stage,
     pub variant: Variant,
     pub dtype: Dtype,
@@ -55,6 +57,7 @@ pub struct ManifestInstance {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DispatchRow {
+    pub arch: Arch,
     pub stage: Stage,
     pub dtype: Dtype,
     pub cf: u32,
@@ -70,7 +73,8 @@ pub struct PrunedRow {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Manifest {
-    pub arch: String,
+    /// Target architectures, oldest first.
+    pub archs: Vec<Arch>,
     pub lmax: (u32, u32),
     pub fingerprint: String,
     pub instances: Vec<ManifestInstance>,
@@ -90,6 +94,7 @@ pub fn manifest_instance(b: &Built) -> ManifestInstance {
     let r = &b.resources;
     ManifestInstance {
         name: i.name.clone(),
+        arch: b.arch,
         stage: i.stage,
         variant: i.variant,
         dtype: i.dtype,
@@ -116,8 +121,9 @@ pub fn manifest_instance(b: &Built) -> ManifestInstance {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("no accepted instance serves {stage} {dtype} Cf {cf} lmax {lmax}: every candidate spilled, was pruned or needs too much shared memory ({candidates}); add a smaller tile to specs/tiles.yaml")]
+#[error("no accepted {arch} instance serves {stage} {dtype} Cf {cf} lmax {lmax}: every candidate spilled, was pruned, is built for other archs or needs too much shared memory ({candidates}); add a tile for it to specs/tiles.yaml")]
 pub struct NoInstance {
+    pub arch: Arch,
     pub stage: Stage,
     pub dtype: Dtype,
     pub cf: u32,
@@ -125,25 +131,41 @@ pub struct NoInstance {
     pub candidates: String,
 }
 
-/// The dispatch table, per (stage, dtype, cf, lmax) key, by the one tile
-/// precedence rule (`kinds::preferred`) over the instances accepted and
-/// fitting the arch's shared memory at that lmax. Marks `is_default` on the instances chosen for at
-/// least one key. Every key a stage serves must get an instance.
-pub fn resolve_dispatch(built: &mut [Built], lmax: (u32, u32)) -> Result<Vec<(DispatchRow, usize)>, NoInstance> {
+/// The dispatch table, per arch and (stage, dtype, cf, lmax) key, by the
+/// one tile precedence rule (`kinds::preferred`) over the instances
+/// accepted on that arch and fitting its shared memory at that lmax. Marks
+/// `is_default` on the rows chosen for at least one key. Every key a stage
+/// serves must get an instance on every arch, except the fused stage's on an
+/// arch it has no tile for (the runtime runs the relay there).
+pub fn resolve_dispatch(
+    built: &mut [Built],
+    archs: &[Arch],
+    lmax: (u32, u32),
+) -> Result<Vec<(DispatchRow, usize)>, NoInstance> {
     let mut keys: BTreeMap<(Stage, Dtype, u32), Vec<usize>> = BTreeMap::new();
     for (i, b) in built.iter().enumerate() {
         keys.entry((b.instance.stage, b.instance.dtype, b.instance.cf)).or_default().push(i);
     }
     let mut rows = Vec::new();
-    for ((stage, dtype, cf), idx) in keys {
-        for l in lmax.0..=lmax.1 {
-            let usable = |i: &usize| built[*i].accepted && built[*i].instance.layout.bytes(cf, l) <= SM90_MAX_SMEM;
-            let pick = crate::kinds::preferred(idx.iter().copied().filter(usable), |i| built[i].instance.is_default);
-            let Some(p) = pick else {
-                let candidates = idx.iter().map(|&i| built[i].instance.name.as_str()).collect::<Vec<_>>().join(", ");
-                return Err(NoInstance { stage, dtype, cf, lmax: l, candidates });
-            };
-            rows.push((DispatchRow { stage, dtype, cf, lmax: l, instance: built[p].instance.name.clone() }, p));
+    for &arch in archs {
+        for (&(stage, dtype, cf), idx) in &keys {
+            let on_arch: Vec<usize> = idx.iter().copied().filter(|&i| built[i].arch == arch).collect();
+            if on_arch.is_empty() && built[idx[0]].instance.variant == Variant::Fused {
+                continue;
+            }
+            for l in lmax.0..=lmax.1 {
+                let usable =
+                    |i: &usize| built[*i].accepted && built[*i].instance.layout.bytes(cf, l) <= arch.max_smem();
+                let pick =
+                    crate::kinds::preferred(on_arch.iter().copied().filter(usable), |i| built[i].instance.is_default);
+                let Some(p) = pick else {
+                    let names = on_arch.iter().map(|&i| built[i].instance.name.as_str()).collect::<Vec<_>>();
+                    let candidates = if names.is_empty() { "none built for it".to_string() } else { names.join(", ") };
+                    return Err(NoInstance { arch, stage, dtype, cf, lmax: l, candidates });
+                };
+                let instance = built[p].instance.name.clone();
+                rows.push((DispatchRow { arch, stage, dtype, cf, lmax: l, instance }, p));
+            }
         }
     }
     for b in built.iter_mut() {
@@ -156,7 +178,7 @@ pub fn resolve_dispatch(built: &mut [Built], lmax: (u32, u32)) -> Result<Vec<(Di
 }
 
 pub fn manifest(
-    arch: &str,
+    archs: &[Arch],
     lmax: (u32, u32),
     fingerprint: &str,
     built: &[Built],
@@ -164,7 +186,7 @@ pub fn manifest(
     pruned: &[Pruned],
 ) -> Manifest {
     Manifest {
-        arch: arch.to_string(),
+        archs: archs.to_vec(),
         lmax,
         fingerprint: fingerprint.to_string(),
         instances: built.iter().map(manifest_instance).collect(),
@@ -173,9 +195,18 @@ pub fn manifest(
     }
 }
 
-/// kernel_table.rs: one `KernelEntry` per instance; the cubin (or, without
-/// one, the PTX) embedded for accepted instances only.
-pub fn kernel_table(built: &[Built], lmax: (u32, u32), source: &str, manifest_path: &std::path::Path) -> String {
+/// kernel_table.rs: one `KernelEntry` per instance and arch; for accepted
+/// instances the cubin, and the PTX where there is no cubin (snapshot
+/// builds) or the arch is the newest target (the driver JITs it for newer
+/// GPUs).
+pub fn kernel_table(
+    built: &[Built],
+    archs: &[Arch],
+    lmax: (u32, u32),
+    source: &str,
+    manifest_path: &std::path::Path,
+) -> String {
+    let newest = archs.iter().copied().max();
     let mut s = String::from("// Generated by build.rs -- do not edit.\npub static KERNELS: &[KernelEntry] = &[\n");
     for b in built {
         let i = &b.instance;
@@ -188,10 +219,12 @@ pub fn kernel_table(built: &[Built], lmax: (u32, u32), source: &str, manifest_pa
                 format!("Geometry::Rows {{ rows: {rows}, threads: {threads}, min_blocks: {min_blocks} }}")
             }
         };
-        // The cubin is what loads; PTX is embedded only where there is none
-        // (snapshot builds), which keeps binaries small. `ptx_file` names it.
-        let ptx = match (&b.ptx, &b.cubin, b.accepted) {
-            (Some(p), None, true) => format!("include_str!({:?})", p.display().to_string()),
+        // The cubin is what loads on its own arch; PTX only where there is
+        // no cubin or for newer GPUs, which keeps binaries small. `ptx_file`
+        // names it.
+        let jit = b.cubin.is_none() || Some(b.arch) == newest;
+        let ptx = match (&b.ptx, b.accepted && jit) {
+            (Some(p), true) => format!("include_str!({:?})", p.display().to_string()),
             _ => "\"\"".to_string(),
         };
         let ptx_file = match (&b.ptx, b.accepted) {
@@ -204,14 +237,15 @@ pub fn kernel_table(built: &[Built], lmax: (u32, u32), source: &str, manifest_pa
         };
         let _ = writeln!(
             s,
-            "    KernelEntry {{ name: {:?}, stage: Stage::{:?}, variant: Variant::{:?}, dtype: Dtype::{:?}, cf: {}, geometry: {geometry}, threads: {}, smem_fixed: {}, smem_per_lg: {}, registers: {}, spill_stores: {}, spill_loads: {}, stack_bytes: {}, smem_static: {}, accepted: {}, spec_default: {}, gpu_defaults: &{:?}, ptx: {ptx}, ptx_file: {ptx_file}, cubin: {cubin} }},",
-            i.name, i.stage, i.variant, i.dtype, i.cf, i.threads(), i.layout.fixed, i.layout.per_lg,
+            "    KernelEntry {{ name: {:?}, arch: Arch::{:?}, stage: Stage::{:?}, variant: Variant::{:?}, dtype: Dtype::{:?}, cf: {}, geometry: {geometry}, threads: {}, smem_fixed: {}, smem_per_lg: {}, registers: {}, spill_stores: {}, spill_loads: {}, stack_bytes: {}, smem_static: {}, accepted: {}, spec_default: {}, gpu_defaults: &{:?}, ptx: {ptx}, ptx_file: {ptx_file}, cubin: {cubin} }},",
+            i.name, b.arch, i.stage, i.variant, i.dtype, i.cf, i.threads(), i.layout.fixed, i.layout.per_lg,
             r.registers, r.spill_stores, r.spill_loads, r.stack_bytes, r.smem_static, b.accepted, i.is_default, i.gpu_defaults
         );
     }
     s.push_str("];\n");
-    let _ = writeln!(s, "/// The arch's shared memory per block: the dispatch limit where none is set.");
-    let _ = writeln!(s, "pub const ARCH_MAX_SMEM: u64 = {SM90_MAX_SMEM};");
+    let _ = writeln!(s, "/// The target architectures, oldest first (stages.yaml `archs`).");
+    let list = archs.iter().map(|a| format!("Arch::{a:?}")).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(s, "pub const ARCHS: &[Arch] = &[{list}];");
     let _ = writeln!(s, "pub const LMAX_RANGE: (u32, u32) = ({}, {});", lmax.0, lmax.1);
     let _ = writeln!(s, "pub const BUILD_SOURCE: &str = {source:?};");
     let _ =

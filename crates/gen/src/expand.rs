@@ -2,9 +2,9 @@
 //! static checks (logged with the reason), each instance with its canonical
 //! name (crate::kinds::canonical_name).
 
-use super::layout::{layout, Layout, SM90_MAX_SMEM};
+use super::layout::{layout, Layout};
 use super::spec::{BlockK, Kind, SpecError, Specs};
-use crate::kinds::{canonical_name, Dtype, Geometry, Stage, Variant};
+use crate::kinds::{canonical_name, Arch, Dtype, Geometry, Stage, Variant};
 
 #[derive(Debug, Clone)]
 pub struct Instance {
@@ -16,6 +16,9 @@ pub struct Instance {
     pub cf: u32,
     pub geometry: Geometry,
     pub layout: Layout,
+    /// The archs it is built for, oldest first: its tile's (else every
+    /// target), less those whose shared memory it exceeds at the smallest lmax.
+    pub archs: Vec<Arch>,
     /// Device function in templates/stages.cuh and its extra template argument.
     pub body: String,
     pub seg: Option<u32>,
@@ -58,7 +61,7 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
     for st in &specs.stages.stages {
         for &dtype in &st.dtypes {
             for &cf in &st.cf {
-                for geometry in geometries(specs, st.kind, &st.tiles, dtype, cf) {
+                for (geometry, tile_archs) in geometries(specs, st.kind, &st.tiles, dtype, cf) {
                     let name = canonical_name(st.name, dtype, cf, &geometry);
                     if !names.insert(name.clone()) {
                         let set = match st.kind {
@@ -71,7 +74,18 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                         continue;
                     }
                     let lay = layout(&st.smem, dtype, cf, &geometry);
-                    if let Some(reason) = prune_reason(st.variant, cf, &geometry, &lay, lmax_min) {
+                    if let Some(reason) = prune_reason(st.variant, cf, &geometry) {
+                        out.pruned.push(Pruned { name, reason });
+                        continue;
+                    }
+                    // Shared memory grows with lmax: an arch is dropped only if
+                    // the instance cannot run there even at the smallest lmax;
+                    // dispatch skips it where it does not fit.
+                    let smem = lay.bytes(cf, lmax_min);
+                    let archs: Vec<Arch> = tile_archs.iter().copied().filter(|a| smem <= a.max_smem()).collect();
+                    if archs.is_empty() {
+                        let most = tile_archs.iter().map(|a| a.max_smem()).max().unwrap_or(0);
+                        let reason = format!("{smem} bytes of shared memory at lmax {lmax_min} > {most}");
                         out.pruned.push(Pruned { name, reason });
                         continue;
                     }
@@ -90,6 +104,7 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                         cf,
                         geometry,
                         layout: lay,
+                        archs,
                         body: st.body.clone(),
                         seg: st.seg,
                         params: st.params.clone(),
@@ -104,7 +119,8 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
     Ok(out)
 }
 
-fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Vec<Geometry> {
+/// The tiles of `set` for (dtype, cf), each with the archs it is built for.
+fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Vec<(Geometry, Vec<Arch>)> {
     let mut v = Vec::new();
     match kind {
         Kind::Gemm => {
@@ -114,7 +130,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
                         BlockK::Fixed(k) => k,
                         BlockK::Named(_) => cf,
                     };
-                    v.push(Geometry::Gemm {
+                    let g = Geometry::Gemm {
                         block_m: t.block_m,
                         bn: t.bn,
                         block_k,
@@ -123,14 +139,16 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
                         stages: t.stages,
                         min_blocks: t.min_blocks,
                         pipe: t.pipe,
-                    });
+                    };
+                    v.push((g, specs.archs_of(t.archs.as_deref())));
                 }
             }
         }
         Kind::Rows => {
             for t in specs.tiles.rows.get(set).into_iter().flatten() {
                 if t.dtypes.contains(&dtype) && t.cf.contains(&cf) {
-                    v.push(Geometry::Rows { rows: t.rows, threads: t.threads, min_blocks: t.min_blocks });
+                    let g = Geometry::Rows { rows: t.rows, threads: t.threads, min_blocks: t.min_blocks };
+                    v.push((g, specs.archs_of(t.archs.as_deref())));
                 }
             }
         }
@@ -138,9 +156,8 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
     v
 }
 
-/// Shared memory grows with lmax: an instance is pruned only if it cannot
-/// run even at the smallest lmax; dispatch skips it where it does not fit.
-fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min: u32) -> Option<String> {
+/// Why a tile cannot serve a stage at this Cf, on any arch.
+fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
     if let Geometry::Gemm { block_k, .. } = *g {
         let fused_pipe = matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws, .. });
         if variant == Variant::Fused && !fused_pipe {
@@ -172,10 +189,6 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry, lay: &Layout, lmax_min:
                 "{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"
             ));
         }
-    }
-    let smem = lay.bytes(cf, lmax_min);
-    if smem > SM90_MAX_SMEM {
-        return Some(format!("{smem} bytes of shared memory at lmax {lmax_min} > {SM90_MAX_SMEM}"));
     }
     None
 }

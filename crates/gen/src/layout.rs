@@ -11,9 +11,6 @@ use serde::Serialize;
 /// at a time, so BLOCK_M must be at most this or a multiple of it.
 pub const GLOG_SUB_ROWS: u32 = 16;
 
-/// The largest dynamic shared memory an sm_90 block may opt into.
-pub const SM90_MAX_SMEM: u32 = 227 * 1024;
-
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Layout {
     /// Padding of the k-major A tile rows (keeps 16-byte alignment).

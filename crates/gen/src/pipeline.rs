@@ -10,6 +10,7 @@ use super::expand::{expand, Expansion};
 use super::render::{RenderError, Renderer, STATIC_HEADERS};
 use super::snapshot;
 use super::spec::{self, SpecError, Specs};
+use crate::kinds::Arch;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -86,10 +87,10 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     // compile + check, or the snapshot
     let fingerprint = snapshot::fingerprint(&opts.crate_dir).map_err(io(&opts.crate_dir))?;
     let committed = buildlog::committed(&opts.crate_dir);
-    let arch = specs.stages.arch.clone();
+    let archs = specs.stages.archs.clone();
     let (mut built, origin) = match Toolchain::find(&opts.crate_dir).map_err(PipelineError::Snapshot)? {
         Some(tc) => {
-            let (built, cached) = compile_all(&tc, &arch, &exp, &cuda, &rendered, &opts.cache_dir)?;
+            let (built, cached) = compile_all(&tc, &exp, &cuda, &rendered, &opts.cache_dir)?;
             let compiled = built.len() - cached;
             (built, Origin::Toolchain { version: tc.version, compiled, cached })
         }
@@ -98,14 +99,14 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     let source = origin.source();
 
     let lmax = (specs.stages.lmax.min, specs.stages.lmax.max);
-    let dispatch = embed::resolve_dispatch(&mut built, lmax)?;
+    let dispatch = embed::resolve_dispatch(&mut built, &archs, lmax)?;
     let rows = dispatch.iter().map(|(r, _)| r.clone()).collect();
-    let manifest = embed::manifest(&arch, lmax, &fingerprint, &built, rows, &exp.pruned);
+    let manifest = embed::manifest(&archs, lmax, &fingerprint, &built, rows, &exp.pruned);
     let manifest_path = opts.out_dir.join("build_manifest.json");
     let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
     std::fs::write(&manifest_path, &json).map_err(io(&manifest_path))?;
     let table = opts.out_dir.join("kernel_table.rs");
-    std::fs::write(&table, embed::kernel_table(&built, lmax, source, &manifest_path)).map_err(io(&table))?;
+    std::fs::write(&table, embed::kernel_table(&built, &archs, lmax, source, &manifest_path)).map_err(io(&table))?;
     let args = opts.out_dir.join("stage_args.rs");
     std::fs::write(&args, crate::args::stage_args(&specs)).map_err(io(&args))?;
     let roles = opts.out_dir.join("stage_roles.rs");
@@ -143,9 +144,9 @@ fn write_if_changed(p: &Path, text: &str) -> Result<(), PipelineError> {
     Ok(())
 }
 
+/// Every instance once per arch it targets; `Built` rows instance-major.
 fn compile_all(
     tc: &Toolchain,
-    arch: &str,
     exp: &Expansion,
     cuda: &Path,
     rendered: &[(String, String)],
@@ -158,7 +159,8 @@ fn compile_all(
         let p = cuda.join(h);
         common.extend(std::fs::read(&p).map_err(io(&p))?);
     }
-    let jobs: Vec<(usize, String)> = exp.instances.iter().enumerate().map(|(i, inst)| (i, inst.name.clone())).collect();
+    let jobs: Vec<(usize, Arch)> =
+        exp.instances.iter().enumerate().flat_map(|(i, inst)| inst.archs.iter().map(move |&a| (i, a))).collect();
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<Result<(usize, super::compile::Compiled), CompileError>> = std::thread::scope(|s| {
@@ -168,11 +170,12 @@ fn compile_all(
                     let mut out = Vec::new();
                     loop {
                         let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((i, name)) = jobs.get(k) else { break };
+                        let Some(&(i, arch)) = jobs.get(k) else { break };
+                        let name = &exp.instances[i].name;
                         let src = cuda.join(format!("{name}.cu"));
                         let mut key = common.clone();
                         key.extend(rendered[i + 1].1.as_bytes());
-                        out.push(compile(tc, arch, name, &src, cuda, &key, cache).map(|c| (*i, c)));
+                        out.push(compile(tc, arch.as_str(), name, &src, cuda, &key, cache).map(|c| (k, c)));
                     }
                     out
                 })
@@ -180,19 +183,20 @@ fn compile_all(
             .collect();
         handles.into_iter().flat_map(|h| h.join().expect("compile worker panicked")).collect()
     });
-    let mut compiled: Vec<Option<super::compile::Compiled>> = vec![None; exp.instances.len()];
+    let mut compiled: Vec<Option<super::compile::Compiled>> = vec![None; jobs.len()];
     for r in results {
-        let (i, c) = r?;
-        compiled[i] = Some(c);
+        let (k, c) = r?;
+        compiled[k] = Some(c);
     }
     let mut cached = 0;
     let mut built = Vec::new();
-    for (inst, c) in exp.instances.iter().zip(compiled) {
-        let c = c.expect("every job ran");
+    for (&(i, arch), c) in jobs.iter().zip(compiled) {
+        let (inst, c) = (&exp.instances[i], c.expect("every job ran"));
         cached += c.cached as usize;
         let resources = parse_report(&c.report, &inst.name)?;
         built.push(Built {
             instance: inst.clone(),
+            arch,
             accepted: !resources.spills(),
             resources,
             is_default: false,
@@ -219,10 +223,10 @@ fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str) -> Result<V
     let m: Manifest =
         serde_json::from_str(&text).map_err(|e| PipelineError::Snapshot(format!("{}: {e}", mpath.display())))?;
     let mut built = Vec::new();
-    for inst in &exp.instances {
-        let row = m.instances.iter().find(|r| r.name == inst.name).ok_or_else(|| {
+    for (inst, &arch) in exp.instances.iter().flat_map(|i| i.archs.iter().map(move |a| (i, a))) {
+        let row = m.instances.iter().find(|r| r.name == inst.name && r.arch == arch).ok_or_else(|| {
             PipelineError::Snapshot(format!(
-                "{} has no row for {}; re-bless with the toolchain",
+                "{} has no row for {} on {arch}; re-bless with the toolchain",
                 mpath.display(),
                 inst.name
             ))
@@ -234,13 +238,14 @@ fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str) -> Result<V
             stack_bytes: row.stack_bytes,
             smem_static: row.smem_static,
         };
-        let ptx = dir.join(snapshot::PTX_DIR).join(format!("{}.ptx", inst.name));
+        let ptx = snapshot::ptx_path(&dir, arch, &inst.name);
         let accepted = !resources.spills();
         if accepted && !ptx.exists() {
             return Err(PipelineError::Snapshot(format!("{} is missing; re-bless with the toolchain", ptx.display())));
         }
         built.push(Built {
             instance: inst.clone(),
+            arch,
             resources,
             accepted,
             is_default: false,
@@ -276,7 +281,10 @@ fn bless(
     }
     for b in built.iter().filter(|b| b.accepted) {
         if let Some(src) = &b.ptx {
-            let p = ptx.join(format!("{}.ptx", b.instance.name));
+            let p = snapshot::ptx_path(&dir, b.arch, &b.instance.name);
+            if let Some(d) = p.parent().filter(|d| !d.exists()) {
+                std::fs::create_dir_all(d).map_err(io(d))?;
+            }
             std::fs::copy(src, &p).map_err(io(src))?;
         }
     }

@@ -12,6 +12,11 @@ pub const MANIFEST_FILE: &str = "report.json";
 pub const CUDA_DIR: &str = "cuda";
 pub const PTX_DIR: &str = "ptx";
 
+/// Where the snapshot keeps an instance's PTX for `arch`: ptx/<arch>/<name>.ptx.
+pub fn ptx_path(dir: &Path, arch: crate::kinds::Arch, name: &str) -> PathBuf {
+    dir.join(PTX_DIR).join(arch.as_str()).join(format!("{name}.ptx"))
+}
+
 /// Exactly the files the generator reads or is built from, by name (README,
 /// "The snapshot"): build.rs, crates/kinds/src/lib.rs, crates/gen/src/lib.rs
 /// and the modules it declares, the three spec files and the templates the

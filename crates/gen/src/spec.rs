@@ -4,7 +4,7 @@
 //! and the field. Every number is bounded here, so the arithmetic of
 //! expansion and layout cannot overflow (and checks that it does not).
 
-use crate::kinds::{Dtype, Layers, Pass, Serves, Stage, StageRole, Variant};
+use crate::kinds::{Arch, Dtype, Layers, Pass, Serves, Stage, StageRole, Variant};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -79,7 +79,9 @@ pub struct StepSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StagesSpec {
-    pub arch: String,
+    /// Target architectures, oldest first: every instance is built for each
+    /// one its tile allows; the newest one's PTX also serves newer GPUs.
+    pub archs: Vec<Arch>,
     pub lmax: LmaxRange,
     pub regime: Regime,
     pub stages: Vec<StageSpec>,
@@ -184,6 +186,9 @@ pub struct GemmTileSpec {
     pub min_blocks: u32,
     /// How the K loop is fed: regs (stages 1..2), async or stream (stages 2..4).
     pub pipe: crate::kinds::Pipe,
+    /// The target archs this tile is built for (default: all of stages.yaml's).
+    #[serde(default)]
+    pub archs: Option<Vec<Arch>>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -195,6 +200,9 @@ pub struct RowsTileSpec {
     pub threads: u32,
     /// `__launch_bounds__` minimum blocks per SM (1: no register cap).
     pub min_blocks: u32,
+    /// The target archs this tile is built for (default: all of stages.yaml's).
+    #[serde(default)]
+    pub archs: Option<Vec<Arch>>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -345,6 +353,13 @@ impl Specs {
                 ));
             }
         }
+        if st.archs.is_empty() || !st.archs.windows(2).all(|w| w[0] < w[1]) {
+            return Err(self.invalid(
+                "stages.yaml",
+                "archs".into(),
+                "need at least one arch, oldest first, none twice",
+            ));
+        }
         let mut seen = Vec::new();
         for (i, s) in st.stages.iter().enumerate() {
             let field = |f: &str| format!("stages[{i}] ({}).{f}", s.name);
@@ -458,6 +473,7 @@ impl Specs {
             for (i, t) in tiles.iter().enumerate() {
                 let field = |f: &str| format!("gemm.{set}[{i}].{f}");
                 self.axes(&field, &t.dtypes, &t.cf)?;
+                self.tile_archs(field("archs"), t.archs.as_deref())?;
                 for (name, v, max) in [
                     ("block_m", t.block_m, TILE),
                     ("bn", t.bn, TILE),
@@ -519,6 +535,7 @@ impl Specs {
             for (i, t) in tiles.iter().enumerate() {
                 let field = |f: &str| format!("rows.{set}[{i}].{f}");
                 self.axes(&field, &t.dtypes, &t.cf)?;
+                self.tile_archs(field("archs"), t.archs.as_deref())?;
                 self.bounded(field("rows"), "rows", t.rows, TILE)?;
                 self.bounded(field("threads"), "threads", t.threads, THREADS)?;
                 self.bounded(field("min_blocks"), "min_blocks", t.min_blocks, MIN_BLOCKS)?;
@@ -541,6 +558,31 @@ impl Specs {
             }
         }
         self.validate_defaults()
+    }
+
+    /// A tile's own `archs`: a non-empty subset of stages.yaml's, none twice.
+    fn tile_archs(&self, field: String, archs: Option<&[Arch]>) -> Result<(), SpecError> {
+        let Some(archs) = archs else { return Ok(()) };
+        let targets = &self.stages.archs;
+        if archs.is_empty() || first_repeat(archs).is_some() {
+            return Err(self.invalid("tiles.yaml", field, "need at least one arch, none twice"));
+        }
+        if let Some(a) = archs.iter().find(|a| !targets.contains(a)) {
+            let built: Vec<&str> = targets.iter().map(|t| t.as_str()).collect();
+            return Err(self.invalid(
+                "tiles.yaml",
+                field,
+                format!("{a} is not a target of stages.yaml `archs` ({})", built.join(", ")),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The archs a tile is built for: its own `archs`, else every target,
+    /// oldest first.
+    pub fn archs_of(&self, tile_archs: Option<&[Arch]>) -> Vec<Arch> {
+        let targets = &self.stages.archs;
+        targets.iter().copied().filter(|a| tile_archs.is_none_or(|t| t.contains(a))).collect()
     }
 
     /// One default per (stage, dtype, Cf, GPU): with two, the winner would

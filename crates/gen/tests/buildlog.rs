@@ -4,12 +4,13 @@
 
 use mixstack_gen::buildlog::{self, lines, Origin};
 use mixstack_gen::embed::{Manifest, ManifestInstance, PrunedRow};
+use mixstack_gen::kinds::Arch;
 use std::path::Path;
 
 /// An instance with ptxas's numbers; rejected when it spills.
 fn inst(name: &str, spill_stores: u32, spill_loads: u32, registers: u32, stack_bytes: u32) -> ManifestInstance {
     serde_json::from_value(serde_json::json!({
-        "name": name, "stage": "fwd_m0", "variant": "relay", "dtype": "f32", "cf": 32, "lmax": null,
+        "name": name, "arch": "sm_90", "stage": "fwd_m0", "variant": "relay", "dtype": "f32", "cf": 32, "lmax": null,
         "block_m": 128, "bn": 64, "block_k": 32, "tm": 8, "tn": 8, "rows": null, "threads": 256,
         "registers": registers, "spill_stores": spill_stores, "spill_loads": spill_loads,
         "stack_bytes": stack_bytes, "smem_static": 0, "smem_fixed": 79872, "smem_per_lg": 0,
@@ -20,7 +21,7 @@ fn inst(name: &str, spill_stores: u32, spill_loads: u32, registers: u32, stack_b
 
 fn manifest(instances: Vec<ManifestInstance>) -> Manifest {
     Manifest {
-        arch: "sm_90".into(),
+        archs: vec![Arch::Sm90],
         lmax: (1, 6),
         fingerprint: "0".repeat(64),
         instances,
@@ -45,7 +46,7 @@ fn known_rejections_are_counted_not_named() {
     assert_eq!(
         out,
         vec![
-            "mixstack: 3 instances, 1 accepted, 2 rejected for spills, as in the snapshot (`mixstack report` lists them); \
+            "mixstack: 3 instance builds (sm_90 3), 1 accepted, 2 rejected for spills, as in the snapshot (`mixstack report` lists them); \
              from the toolchain (release 13.0, V13.0.88): 1 compiled, 2 from cache"
         ]
     );
@@ -60,7 +61,7 @@ fn new_rejected_instance_is_named_with_its_spill_bytes() {
     assert_eq!(out.len(), 2, "{out:#?}");
     assert!(
         out[0].starts_with(
-            "mixstack: 4 instances, 1 accepted, 3 rejected for spills: 2 as in the snapshot (`mixstack report` lists them), \
+            "mixstack: 4 instance builds (sm_90 4), 1 accepted, 3 rejected for spills: 2 as in the snapshot (`mixstack report` lists them), \
              1 new since the snapshot, named below;"
         ),
         "{}",
@@ -68,7 +69,7 @@ fn new_rejected_instance_is_named_with_its_spill_bytes() {
     );
     assert_eq!(
         out[1],
-        "rejected ms_new (not in the snapshot): spills 20 B stores, 16 B loads (255 registers, 24 B stack)"
+        "rejected ms_new on sm_90 (not in the snapshot): spills 20 B stores, 16 B loads (255 registers, 24 B stack)"
     );
 }
 
@@ -81,7 +82,22 @@ fn instance_accepted_in_snapshot_but_rejected_now_is_named() {
     assert!(out[0].contains("3 rejected for spills: 2 as in the snapshot"), "{}", out[0]);
     assert_eq!(
         out[1],
-        "rejected ms_b (accepted in the snapshot): spills 4 B stores, 0 B loads (255 registers, 4 B stack)"
+        "rejected ms_b on sm_90 (accepted in the snapshot): spills 4 B stores, 0 B loads (255 registers, 4 B stack)"
+    );
+}
+
+#[test]
+fn a_rejection_on_a_new_arch_is_named_with_the_arch() {
+    // ms_b builds for sm_80 too now, and spills there only.
+    let mut now = snapshot();
+    now.archs = vec![Arch::Sm80, Arch::Sm90];
+    now.instances.push(ManifestInstance { arch: Arch::Sm80, ..inst("ms_b", 8, 4, 255, 8) });
+    let out = lines(&now, Some(&snapshot()), &toolchain(), false);
+    assert_eq!(out.len(), 2, "{out:#?}");
+    assert!(out[0].starts_with("mixstack: 4 instance builds (sm_80 1, sm_90 3), 1 accepted"), "{}", out[0]);
+    assert_eq!(
+        out[1],
+        "rejected ms_b on sm_80 (not in the snapshot): spills 8 B stores, 4 B loads (255 registers, 8 B stack)"
     );
 }
 
@@ -94,8 +110,8 @@ fn without_a_readable_snapshot_every_rejection_is_named() {
         "{}",
         out[0]
     );
-    assert!(out[1].starts_with("rejected ms_a (not in the snapshot): spills 112 B stores, 80 B loads"));
-    assert!(out[2].starts_with("rejected ms_c (not in the snapshot): spills 8 B stores, 8 B loads"));
+    assert!(out[1].starts_with("rejected ms_a on sm_90 (not in the snapshot): spills 112 B stores, 80 B loads"));
+    assert!(out[2].starts_with("rejected ms_c on sm_90 (not in the snapshot): spills 8 B stores, 8 B loads"));
 }
 
 #[test]
@@ -109,7 +125,7 @@ fn a_snapshot_build_prints_one_line_that_says_so() {
     assert_eq!(
         out,
         vec![
-            "mixstack: 3 instances, 1 accepted, 2 rejected for spills, as in the snapshot (`mixstack report` lists them); \
+            "mixstack: 3 instance builds (sm_90 3), 1 accepted, 2 rejected for spills, as in the snapshot (`mixstack report` lists them); \
              from the snapshot: no CUDA toolchain, so built from the committed generated-tests/ (fingerprint 41cbf475d7a9 \
              matches); kernels embed PTX only, JIT-compiled by the driver"
         ]

@@ -296,3 +296,58 @@ pub fn preferred_ranked<T: Copy>(usable: impl IntoIterator<Item = T>, rank: impl
 pub fn gpu_matches(key: &str, device_name: &str) -> bool {
     device_name.to_ascii_lowercase().contains(&key.trim().to_ascii_lowercase())
 }
+
+/// A target architecture of the build (stages.yaml `archs`; a tile may
+/// narrow it with its own `archs`). Every instance is compiled and
+/// register-checked once per arch it targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+pub enum Arch {
+    /// Ampere (A100; its cubins also run on sm_86 and sm_89).
+    #[serde(rename = "sm_80")]
+    Sm80,
+    /// Hopper (H100, H200).
+    #[serde(rename = "sm_90")]
+    Sm90,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Sm80, Arch::Sm90];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm90 => "sm_90",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+    /// Compute capability, major * 10 + minor.
+    pub fn cc(self) -> u32 {
+        match self {
+            Arch::Sm80 => 80,
+            Arch::Sm90 => 90,
+        }
+    }
+    /// The most shared memory a block may opt in to on the arch's flagship
+    /// (A100: 163 KiB, H100/H200: 227 KiB): the build's limit; at run time
+    /// the device's own opt-in limit applies.
+    pub fn max_smem(self) -> u32 {
+        match self {
+            Arch::Sm80 => 163 * 1024,
+            Arch::Sm90 => 227 * 1024,
+        }
+    }
+    /// Which of the `built` archs serves a device of compute capability
+    /// `cc` (major * 10 + minor): the newest not newer than the device. Its
+    /// cubin runs on later minors of its major; a later major runs its PTX
+    /// through the driver's JIT. `None`: the device predates every one.
+    pub fn serving(cc: u32, built: &[Arch]) -> Option<Arch> {
+        built.iter().copied().filter(|a| a.cc() <= cc).max()
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
