@@ -7,7 +7,8 @@
 # GPU_TESTS="filters" only those gpu_stack tests, BENCH="seed cf64 f1" relay
 # against fused benches (REPS each), TILES="seed cf64 f1" every fused tile
 # matching MATCH against the relay (scripts/fused-tiles.sh), SWEEP=1 the Cf x
-# lmax sweep (scripts/fused-sweep.sh), PROBE=1 a short fused bench first
+# lmax sweep (scripts/fused-sweep.sh), TUNE="seed" mixstack tune --write and
+# its winners against the defaults (scripts/tune-check.sh), PROBE=1 a short fused bench first
 # that ends the call if it fails, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
 # carry .whl too, scripts/stage-deepmd-wheels.sh). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
@@ -42,6 +43,10 @@ done
 for p in ${TILES:-}; do
   # every fused tile matching MATCH against the relay, side by side
   OUT=$OUT/r REPS="${REPS:-8}" timeout "${TILES_S:-100}" bash scripts/fused-tiles.sh "$p" --preset "$p"
+done
+for p in ${TUNE:-}; do
+  OUT=$OUT/r timeout "${TUNE_S:-240}" bash scripts/tune-check.sh "$p" > "$OUT/r/tune_check_$p.out" 2>&1; echo "tune $p rc=$?"
+  grep -E "^# tune|^winner|^\+ |^bench|^[a-z].*median|EQUAL|DIFFER" "$OUT/r/tune_check_$p.out" | head -60
 done
 if [ "${SWEEP:-0}" = 1 ]; then
   OUT=$OUT/r REPS="${SWEEP_REPS:-5}" timeout "${SWEEP_S:-240}" bash scripts/fused-sweep.sh | tee "$OUT/r/sweep.md"
