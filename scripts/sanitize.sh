@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test suite under compute-sanitizer's memcheck, racecheck, initcheck
 # and synccheck, at small shapes (MIXSTACK_TEST_SMALL=1 skips the large-E
-# tests and thins the fault sweep). Runs on the GPU machine over binaries
+# tests and thins the fault sweep; racecheck runs with =race, which also
+# thins the sweeps to one small problem per kernel instance). Runs on the GPU machine over binaries
 # staged by scripts/stage-device.sh (or GPU_TEST_BIN=path here). Logs and a
 # summary line per tool under $OUT; exit status 1 if any tool reports an error.
 #   scripts/sanitize.sh [TOOL...]      TESTS="filter" narrows the tests
@@ -14,7 +15,7 @@ OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 bin=${GPU_TEST_BIN:-.device/gpu_stack}
 if [ -f .device/bundle.tar.xz ] && [ ! -x "$bin" ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-export MIXSTACK_TEST_SMALL=1 MIXSTACK_VECTORS="${MIXSTACK_VECTORS:-$PWD/vectors}"
+export MIXSTACK_VECTORS="${MIXSTACK_VECTORS:-$PWD/vectors}"
 status=0
 per_test() {  # tool: each test alone, PER_TEST_S seconds at most
   local tool=$1 t rc
@@ -31,6 +32,8 @@ per_test() {  # tool: each test alone, PER_TEST_S seconds at most
   done
 }
 for tool in ${*:-memcheck racecheck initcheck synccheck}; do
+  # racecheck: one small problem per kernel instance (tests/gpu_stack.rs race_mode)
+  if [ "$tool" = racecheck ]; then export MIXSTACK_TEST_SMALL=race; else export MIXSTACK_TEST_SMALL=1; fi
   if [ -n "${PER_TEST_S:-}" ]; then per_test "$tool"; continue; fi
   log="$OUT/sanitize_$tool.log"
   start=$(date +%s)

@@ -342,7 +342,10 @@ fn random_shapes_match_reference() {
     let name = "random_shapes_match_reference";
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
-    for (shape, apply_alpha) in random_shapes(&mut rng) {
+    let shapes = random_shapes(&mut rng);
+    // Under racecheck every 5th shape (every Cf still comes up).
+    let step = if race_mode() { 5 } else { 1 };
+    for (shape, apply_alpha) in shapes.into_iter().step_by(step) {
         let p = Problem::random(&mut rng, shape, apply_alpha);
         let t0 = Instant::now();
         let want = p.reference();
@@ -439,10 +442,12 @@ fn fused_bitwise_equals_relay_every_tile() {
     let name = "fused_bitwise_equals_relay_every_tile";
     let Some(g) = gpu(name) else { return };
     let mut rng = rng_for(name);
+    // Under racecheck: one problem per Cf, E 70 (a partial row block).
+    let (alphas, e): (&[bool], usize) = if race_mode() { (&[true], 70) } else { (&[true, false], 333) };
     for cf in [32u32, 64] {
-        for apply_alpha in [true, false] {
+        for &apply_alpha in alphas {
             let lmax = rng.gen_range(1..=6u32);
-            let shape = Shape { f: 2, e: 333, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
+            let shape = Shape { f: 2, e, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
             let p = Problem::random(&mut rng, shape, apply_alpha);
             let st = make_stack::<f32>(&g, &p);
             // Every accepted tile that fits this device at this lmax.
@@ -525,7 +530,9 @@ fn relay_tiles_bitwise_equal_every_tile() {
     // The optional stages (the cuBLAS gate path, Cf >= 96) have no kernels
     // here: cublas_path_tiles_bitwise_equal_every_tile covers them.
     let stages: Vec<Stage> = forward_stages().into_iter().chain(relay_stages()).filter(|s| !needs_cublas(*s)).collect();
-    for (cf, e) in [(32usize, 333usize), (64, 1), (32, 1), (64, 333)] {
+    let problems: &[(usize, usize)] =
+        if race_mode() { &[(32, 70), (64, 70)] } else { &[(32, 333), (64, 1), (32, 1), (64, 333)] };
+    for &(cf, e) in problems {
         let lmax = rng.gen_range(1..=4usize);
         let p = Problem::random(&mut rng, Shape { f: 2, e, cf, lmax, n_layers: 3 }, true);
         every_tile_bitwise(&g, &p, &stages);
@@ -546,7 +553,9 @@ fn cublas_path_tiles_bitwise_equal_every_tile() {
         return;
     }
     let mut rng = rng_for(name);
-    for (cf, e) in [(96usize, 333usize), (128, 1), (128, 333)] {
+    let problems: &[(usize, usize)] =
+        if race_mode() { &[(96, 70), (128, 70)] } else { &[(96, 333), (128, 1), (128, 333)] };
+    for &(cf, e) in problems {
         let lmax = rng.gen_range(1..=4usize);
         let p = Problem::random(&mut rng, Shape { f: 2, e, cf, lmax, n_layers: 3 }, true);
         every_tile_bitwise(&g, &p, &[Stage::FwdGateAct, Stage::BwdGlogit]);
@@ -1065,9 +1074,16 @@ fn profiling_records_each_launch() {
 // bounded scratch, faults, 64-bit offsets (issue: hardening)
 // ----------------------------------------------------------------------
 
-/// `MIXSTACK_TEST_SMALL=1` (the sanitizer script) skips the large tests.
+/// `MIXSTACK_TEST_SMALL=1` (the sanitizer script) skips the large tests;
+/// `=race` (racecheck, which instruments every shared-memory access and is
+/// slower per launch by orders of magnitude) also thins the sweeps to one
+/// small problem per kernel instance: every instance still runs, and still
+/// against its reference.
 fn small_mode() -> bool {
-    std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1")
+    std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "1" || v == "race")
+}
+fn race_mode() -> bool {
+    std::env::var("MIXSTACK_TEST_SMALL").is_ok_and(|v| v == "race")
 }
 fn small_only(test: &str) -> bool {
     let small = small_mode();
@@ -1125,14 +1141,18 @@ fn chunked_calls_equal_the_whole_call_bitwise() {
         st.set_scratch_cap(ScratchCap::Bytes(u64::MAX));
         assert_same_bits("after the refused cap", &run(g, &st, p, opts).unwrap(), &whole);
     }
-    for (shape, alpha) in [
+    let shapes = [
         (Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 }, true),
         (Shape { f: 3, e: 77, cf: 64, lmax: 2, n_layers: 2 }, false),
         (Shape { f: 2, e: 101, cf: 32, lmax: 1, n_layers: 4 }, true),
         (Shape { f: 1, e: 1, cf: 32, lmax: 2, n_layers: 3 }, true),
-    ] {
+    ];
+    // Under racecheck the second and last shapes, two caps each.
+    let race = race_mode();
+    let picked = shapes.into_iter().enumerate().filter(|(i, _)| !race || *i == 1 || *i == 3).map(|(_, s)| s);
+    for (shape, alpha) in picked {
         let p = Problem::random(&mut rng, shape, alpha);
-        let divs = [2, 3, 7, (p.shape.f * p.shape.e) as u64 / 5];
+        let divs = if race { vec![2, 7] } else { vec![2, 3, 7, (p.shape.f * p.shape.e) as u64 / 5] };
         case::<f32>(&g, &p, &BackwardOptions::relay(), &divs);
         case::<f32>(&g, &p, &BackwardOptions::fused(), &divs);
         case::<f64>(&g, &p, &BackwardOptions::relay(), &divs);
@@ -1204,8 +1224,15 @@ fn failed_calls_free_what_they_took() {
         let go = upload::<f32>(s, &p.grad_out);
         let (out, z_all) = st.forward(s, &u0, &alpha, true).unwrap();
         let mut fired = 0;
-        // Under the sanitizers (MIXSTACK_TEST_SMALL=1) every 7th fault point.
-        let step = if small_mode() { 7 } else { 1 };
+        // Under the sanitizers (MIXSTACK_TEST_SMALL=1) every 7th fault
+        // point, under racecheck every 29th.
+        let step = if race_mode() {
+            29
+        } else if small_mode() {
+            7
+        } else {
+            1
+        };
         let faults = (0..64).map(Fault::Allocation).chain((0..256).map(Fault::Launch));
         for fault in faults.step_by(step) {
             s.synchronize().unwrap();
