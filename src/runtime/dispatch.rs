@@ -189,8 +189,8 @@ pub enum DefaultReason {
     GpuDefault(&'static str),
     /// tiles.yaml's default for every GPU without its own.
     SpecDefault,
-    /// No default usable here (none, or it does not fit): the first usable
-    /// instance in spec order.
+    /// No default usable here (none named, or it does not fit or is not
+    /// built for this arch): the first usable instance in spec order.
     FirstUsable,
 }
 
@@ -199,7 +199,9 @@ impl fmt::Display for DefaultReason {
         match self {
             DefaultReason::GpuDefault(k) => write!(f, "tiles.yaml default for GPU {k}"),
             DefaultReason::SpecDefault => f.write_str("tiles.yaml default"),
-            DefaultReason::FirstUsable => f.write_str("first usable tile in spec order: no default for this key fits"),
+            DefaultReason::FirstUsable => f.write_str(
+                "first usable tile in spec order: tiles.yaml names no default for this key that is usable here",
+            ),
         }
     }
 }

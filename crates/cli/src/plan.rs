@@ -65,11 +65,11 @@ fn dispatch(a: &PlanArgs) -> Result<&'static Dispatch<'static>, Box<dyn std::err
 /// which build arch and which link of the chain of defaults chose it.
 pub fn gpu_table(a: &PlanArgs) -> CliResult {
     let d = dispatch(a)?;
-    let name = a.gpu.as_deref().unwrap_or_default();
+    let name = a.gpu.as_deref().map_or("no GPU name".to_string(), |g| format!("GPU {g:?}"));
     let cc = a.cc.map_or("the newest built".to_string(), |c| format!("{}.{}", c / 10, c % 10));
     let built: Vec<&str> = d.archs().iter().map(|a| a.as_str()).collect();
     println!(
-        "# dispatch on GPU {name:?}, compute capability {cc}: the {} kernels (built: {}; the newest not newer than the device), smem {} B: kernel, and why",
+        "# dispatch on {name}, compute capability {cc}: the {} kernels (built: {}; the newest not newer than the device), smem {} B: kernel, and why",
         d.arch(),
         built.join(", "),
         d.smem_limit().unwrap_or(0)
