@@ -50,6 +50,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A closed pipe (`mixstack report | head`) ends the process quietly, as
+    // for any Unix filter, instead of panicking in println!.
+    #[cfg(unix)]
+    // SAFETY: restores the default action of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args = Cli::parse();
     let result = match args.command {
         Some(Command::Report { plan: true, shape, .. }) => plan::run(&shape),
