@@ -6,6 +6,9 @@
 # staged by scripts/stage-device.sh (or GPU_TEST_BIN=path here). Logs and a
 # summary line per tool under $OUT; exit status 1 if any tool reports an error.
 #   scripts/sanitize.sh [TOOL...]      TESTS="filter" narrows the tests
+# SAN_KERNELS=SUBSTR checks only the kernels whose name contains SUBSTR
+# (compute-sanitizer --kernel-name kns=SUBSTR; the others run unchecked at
+# full speed), e.g. SAN_KERNELS=ms_bwd_fused TESTS=fused for racecheck.
 # PER_TEST_S=N runs each test alone under the tool, N seconds at most, and
 # prints one line per test (ok, FAILED, sanitizer errors, or timed out):
 # racecheck instruments every shared-memory access and one slow test used to
@@ -17,11 +20,13 @@ if [ -f .device/bundle.tar.xz ] && [ ! -x "$bin" ]; then tar -C .device -xJf .de
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 export MIXSTACK_VECTORS="${MIXSTACK_VECTORS:-$PWD/vectors}"
 status=0
+filter=()
+[ -n "${SAN_KERNELS:-}" ] && filter=(--kernel-name "kns=$SAN_KERNELS")
 per_test() {  # tool: each test alone, PER_TEST_S seconds at most
   local tool=$1 t rc
   # shellcheck disable=SC2086
   for t in $("$bin" --list ${TESTS:-} 2>/dev/null | sed -n 's/: test$//p'); do
-    timeout "$PER_TEST_S" "$cs" --tool "$tool" --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 --exact "$t" \
+    timeout "$PER_TEST_S" "$cs" --tool "$tool" ${filter[@]+"${filter[@]}"} --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 --exact "$t" \
       >"$OUT/sanitize_${tool}_$t.log" 2>&1
     rc=$?
     case $rc in
@@ -38,7 +43,7 @@ for tool in ${*:-memcheck racecheck initcheck synccheck}; do
   log="$OUT/sanitize_$tool.log"
   start=$(date +%s)
   # shellcheck disable=SC2086
-  "$cs" --tool "$tool" --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 ${TESTS:-} >"$log" 2>&1
+  "$cs" --tool "$tool" ${filter[@]+"${filter[@]}"} --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 ${TESTS:-} >"$log" 2>&1
   rc=$?
   echo "$tool: exit $rc in $(( $(date +%s) - start )) s; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1); $(grep -E "^test result" "$log" | tail -1)"
   [ "$rc" -ne 0 ] && status=1
