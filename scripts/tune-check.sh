@@ -26,8 +26,8 @@ fused=$(over '^bwd_(fused|final|grad_alpha)$')
 args=(--preset "$p" --reps "${BENCH_REPS:-12}" --forward-variant default)
 [ -n "$fwd" ] && args+=(--forward-variant "$fwd")
 args+=(--variant relay); [ -n "$relay" ] && args+=(--variant "relay:$relay")
-if grep -q "^## bwd_fused" "$OUT/tune_$p.log"; then
-  args+=(--variant fused); [ -n "$fused" ] && args+=(--variant "fused:$fused")
-fi
+# where the fused path is not served the fused variants run the relay (the
+# bench says so); their winners still apply
+args+=(--variant fused); [ -n "$fused" ] && args+=(--variant "fused:$fused")
 echo "bench ${args[*]}"
 "$bin" bench "${args[@]}" 2>&1 | tee "$OUT/tune_bench_$p.log"

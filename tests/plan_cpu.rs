@@ -13,7 +13,7 @@ use mixstack::runtime::gate_blas::GATE_GEMM_ROWS;
 use mixstack::runtime::plan::{Addr, Buf, Machine, Plan, Planner, Step};
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
-use mixstack::runtime::table::{Dtype, Stage};
+use mixstack::runtime::table::{self, Dtype, Stage};
 
 /// The H100 / H200 opt-in shared memory per block.
 const SMEM_OPTIN: u64 = 232_448;
@@ -110,69 +110,73 @@ fn gemms(plan: &Plan) -> usize {
 
 #[test]
 fn every_served_key_plans_forward_and_backward() {
-    let d = dispatch();
     let mut checked = 0;
-    for (dtype, sh) in shapes(d) {
-        let p = Planner { shape: sh, dtype, dispatch: d };
-        let gated = sh.gated();
-        let blas_eligible = mixstack::runtime::plan::gate_blas_eligible(d, &sh, dtype).is_ok();
-        for cublas in [false, true] {
-            let machine = Machine { cublas, scratch_cap: NO_CAP };
-            let blas = cublas && blas_eligible;
-            let what = format!("{dtype} {sh:?} cublas {cublas}");
+    // Every target arch, at its flagship's shared memory.
+    for &arch in table::ARCHS {
+        let d: &'static Dispatch<'static> =
+            Box::leak(Box::new(Dispatch::builtin().with_arch(arch).with_smem_limit(Some(arch.max_smem() as u64))));
+        for (dtype, sh) in shapes(d) {
+            let p = Planner { shape: sh, dtype, dispatch: d };
+            let gated = sh.gated();
+            let blas_eligible = mixstack::runtime::plan::gate_blas_eligible(d, &sh, dtype).is_ok();
+            for cublas in [false, true] {
+                let machine = Machine { cublas, scratch_cap: NO_CAP };
+                let blas = cublas && blas_eligible;
+                let what = format!("{dtype} {sh:?} cublas {cublas}");
 
-            let fwd = p.forward(E, true, &TileOverride::new(), &machine).unwrap();
-            check_plan(&format!("forward {what}"), &fwd, dtype, &sh, NO_CAP);
-            assert_eq!(fwd.chunking, Chunking::Whole);
-            let gate = if blas { Stage::FwdGateAct } else { Stage::FwdGate };
-            let mut want = Vec::new();
-            for _ in 0..gated {
-                want.extend([Stage::FwdM0, gate, Stage::FwdM1]);
-            }
-            want.extend([Stage::FwdFinal, Stage::FwdFinal]);
-            assert_eq!(stages(&fwd), want, "forward {what}");
-            // one GEMM per focus (E < GATE_GEMM_ROWS: one piece)
-            assert_eq!(gemms(&fwd), if blas { gated * sh.f } else { 0 }, "forward {what}");
-            // the identity layer writes the caller's out, both segments
-            let outs: Vec<Addr> = fwd
-                .launches()
-                .filter_map(|(_, c)| match c {
-                    StageCall::FwdFinal(a) => Some(a.out),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(outs, vec![Addr::at(Buf::Out); 2], "forward {what}");
-
-            for fused in [false, true] {
-                let choice = p.backward_choice(fused, &TileOverride::new(), cublas).unwrap();
-                let what = format!("{what} fused requested {fused}");
-                let served = fused && dtype == Dtype::F32 && sh.cf < 96 && choice.decision.path == Path::Fused;
-                assert_eq!(choice.decision.path == Path::Fused, served, "{what}: {:?}", choice.decision);
-                let bwd = p.backward(E, true, &choice, &machine).unwrap();
-                check_plan(&format!("backward {what}"), &bwd, dtype, &sh, NO_CAP);
-                let mut want = vec![Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdFinal];
-                let relay_blas = blas && !served;
+                let fwd = p.forward(E, true, &TileOverride::new(), &machine).unwrap();
+                check_plan(&format!("forward {what}"), &fwd, dtype, &sh, NO_CAP);
+                assert_eq!(fwd.chunking, Chunking::Whole);
+                let gate = if blas { Stage::FwdGateAct } else { Stage::FwdGate };
+                let mut want = Vec::new();
                 for _ in 0..gated {
-                    match (served, relay_blas) {
-                        (true, _) => want.push(Stage::BwdFused),
-                        (false, true) => want.extend([Stage::BwdGlogit, Stage::BwdGemm, Stage::BwdGemm]),
-                        (false, false) => {
-                            want.extend([Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGemm, Stage::BwdGemm])
+                    want.extend([Stage::FwdM0, gate, Stage::FwdM1]);
+                }
+                want.extend([Stage::FwdFinal, Stage::FwdFinal]);
+                assert_eq!(stages(&fwd), want, "forward {what}");
+                // one GEMM per focus (E < GATE_GEMM_ROWS: one piece)
+                assert_eq!(gemms(&fwd), if blas { gated * sh.f } else { 0 }, "forward {what}");
+                // the identity layer writes the caller's out, both segments
+                let outs: Vec<Addr> = fwd
+                    .launches()
+                    .filter_map(|(_, c)| match c {
+                        StageCall::FwdFinal(a) => Some(a.out),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(outs, vec![Addr::at(Buf::Out); 2], "forward {what}");
+
+                for fused in [false, true] {
+                    let choice = p.backward_choice(fused, &TileOverride::new(), cublas).unwrap();
+                    let what = format!("{what} fused requested {fused}");
+                    let served = fused && dtype == Dtype::F32 && sh.cf < 96 && choice.decision.path == Path::Fused;
+                    assert_eq!(choice.decision.path == Path::Fused, served, "{what}: {:?}", choice.decision);
+                    let bwd = p.backward(E, true, &choice, &machine).unwrap();
+                    check_plan(&format!("backward {what}"), &bwd, dtype, &sh, NO_CAP);
+                    let mut want = vec![Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdFinal];
+                    let relay_blas = blas && !served;
+                    for _ in 0..gated {
+                        match (served, relay_blas) {
+                            (true, _) => want.push(Stage::BwdFused),
+                            (false, true) => want.extend([Stage::BwdGlogit, Stage::BwdGemm, Stage::BwdGemm]),
+                            (false, false) => {
+                                want.extend([Stage::BwdRecompute, Stage::BwdPointwise, Stage::BwdGemm, Stage::BwdGemm])
+                            }
                         }
                     }
+                    assert_eq!(stages(&bwd), want, "backward {what}");
+                    assert_eq!(gemms(&bwd), if relay_blas { 2 * gated * sh.f } else { 0 }, "backward {what}");
+                    // the last write lands in grad_u0
+                    let last = bwd.launches().last().map(|(_, c)| c.clone()).unwrap();
+                    let written = match last {
+                        StageCall::BwdFinal(a) => a.g,
+                        StageCall::BwdGemm(a) => a.g_next,
+                        StageCall::BwdFused(a) => a.g_next,
+                        other => panic!("backward {what}: ends with {other:?}"),
+                    };
+                    assert_eq!(written, Addr::at(Buf::GradU0), "backward {what}");
+                    checked += 1;
                 }
-                assert_eq!(stages(&bwd), want, "backward {what}");
-                assert_eq!(gemms(&bwd), if relay_blas { 2 * gated * sh.f } else { 0 }, "backward {what}");
-                // the last write lands in grad_u0
-                let last = bwd.launches().last().map(|(_, c)| c.clone()).unwrap();
-                let written = match last {
-                    StageCall::BwdFinal(a) => a.g,
-                    StageCall::BwdGemm(a) => a.g_next,
-                    StageCall::BwdFused(a) => a.g_next,
-                    other => panic!("backward {what}: ends with {other:?}"),
-                };
-                assert_eq!(written, Addr::at(Buf::GradU0), "backward {what}");
-                checked += 1;
             }
         }
     }

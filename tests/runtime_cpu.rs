@@ -509,38 +509,45 @@ fn builtin_choice_is_the_builds_dispatch_table() {
 
 #[test]
 fn builtin_table_is_consistent() {
-    // Whatever build.rs generated: the default choice of every key is
-    // accepted, and its geometry is self-consistent.
-    let d = Dispatch::builtin();
-    for c in d.report() {
-        if let Some(name) = c.chosen {
-            let e = d.by_name(name).unwrap();
-            assert!(e.accepted);
-            let lg = (c.lmax * c.cf) as usize;
-            launch_config(e, 1000, 128, 2, lg, None).unwrap_or_else(|err| panic!("{name}: {err}"));
+    // Whatever build.rs generated, on every target arch: the default choice
+    // of every key is accepted, of that arch, and its geometry is
+    // self-consistent.
+    for &arch in table::ARCHS {
+        let d = Dispatch::builtin().with_arch(arch);
+        for c in d.report() {
+            if let Some(name) = c.chosen {
+                let e = d.by_name(name).unwrap();
+                assert!(e.accepted && e.arch == arch, "{arch} {name}");
+                let lg = (c.lmax * c.cf) as usize;
+                launch_config(e, 1000, 128, 2, lg, None).unwrap_or_else(|err| panic!("{arch} {name}: {err}"));
+            }
         }
     }
 }
 
 #[test]
 fn builtin_table_serves_every_shape() {
-    // Every Cf the project supports, every lmax, both dtypes: a stack can be
-    // built (CPU part), and f32 Cf 32/64 can take the fused path at every
-    // lmax under the sm_90 shared-memory limit.
+    // Every target arch at its flagship's shared memory, every Cf the
+    // project supports, every lmax, both dtypes: a stack can be built (CPU
+    // part); f32 Cf 32/64 takes the fused path at every lmax where the arch
+    // has fused kernels (sm_90), the relay elsewhere.
     if table::KERNELS.is_empty() {
         println!("SKIPPED (empty kernel table): builtin_table_serves_every_shape");
         return;
     }
-    let d = Dispatch::builtin().with_smem_limit(Some(227 * 1024));
-    let (lo, hi) = d.lmax_range();
-    for cf in [32usize, 64, 96, 128] {
-        for lmax in lo as usize..=hi as usize {
-            let s = StackShape::new(2, cf, lmax, 3);
-            validate_shape::<f32>(&d, &s).unwrap_or_else(|e| panic!("f32 {s:?}: {e}"));
-            validate_shape::<f64>(&d, &s).unwrap_or_else(|e| panic!("f64 {s:?}: {e}"));
-            let dec = d.decide_backward_path_at(Dtype::F32, cf as u32, lmax as u32, true);
-            let want = if (cf as u32) < FUSED_CF_LIMIT { Path::Fused } else { Path::Relay };
-            assert_eq!(dec.path, want, "Cf {cf} lmax {lmax}: {dec}");
+    for &arch in table::ARCHS {
+        let d = Dispatch::builtin().with_arch(arch).with_smem_limit(Some(arch.max_smem() as u64));
+        let fused_here = arch == Arch::Sm90;
+        let (lo, hi) = d.lmax_range();
+        for cf in [32usize, 64, 96, 128] {
+            for lmax in lo as usize..=hi as usize {
+                let s = StackShape::new(2, cf, lmax, 3);
+                validate_shape::<f32>(&d, &s).unwrap_or_else(|e| panic!("{arch} f32 {s:?}: {e}"));
+                validate_shape::<f64>(&d, &s).unwrap_or_else(|e| panic!("{arch} f64 {s:?}: {e}"));
+                let dec = d.decide_backward_path_at(Dtype::F32, cf as u32, lmax as u32, true);
+                let want = if (cf as u32) < FUSED_CF_LIMIT && fused_here { Path::Fused } else { Path::Relay };
+                assert_eq!(dec.path, want, "{arch} Cf {cf} lmax {lmax}: {dec}");
+            }
         }
     }
 }

@@ -407,7 +407,7 @@ impl<'t> Dispatch<'t> {
         let bad = |why: String| MixError::BadOverride { stage, dtype, cf, name: name.to_string(), why };
         let Some(e) = self.by_name(name) else {
             if self.entries.iter().any(|e| e.name == name) {
-                return Err(bad(format!("is not built for {}, the arch serving this device", self.arch)));
+                return Err(bad(format!("is not built for {}, the arch this dispatch serves", self.arch)));
             }
             return Err(bad("is not in the kernel table".into()));
         };

@@ -284,8 +284,10 @@ impl<T: Element> Stack<T> {
         Self::with_dispatch(stream, Dispatch::builtin(), shape, w0, w1, gw)
     }
 
-    /// [`Stack::new`] over another kernel table. Unless `dispatch` already
-    /// has a shared-memory limit, the device's opt-in limit is set on it.
+    /// [`Stack::new`] over another kernel table. `dispatch` is set to serve
+    /// the device's arch ([`Dispatch::for_device`]; an arch set on it is
+    /// replaced) and, unless it already has a shared-memory limit, the
+    /// device's opt-in limit.
     pub fn with_dispatch(
         stream: &Arc<CudaStream>,
         dispatch: Dispatch<'static>,

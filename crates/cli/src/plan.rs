@@ -41,6 +41,7 @@ pub struct PlanArgs {
     smem: Option<u64>,
     /// The device name tiles.yaml's GPU-keyed defaults are matched against
     /// ("NVIDIA H200"); without --plan, prints the dispatch table it gets.
+    /// The name does not pick the arch: pass --cc for that (an A100: --cc 80).
     #[arg(long)]
     pub gpu: Option<String>,
     /// The device's compute capability, major * 10 + minor (80: A100, 90:

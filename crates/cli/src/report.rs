@@ -98,7 +98,7 @@ pub fn run(json: bool) -> CliResult {
         return Ok(());
     }
     println!(
-        "# kernel instances ({} from {}, {}; lmax {}..{} is a runtime argument)",
+        "# kernel instance builds ({} from {}, {}; lmax {}..{} is a runtime argument)",
         m.instances.len(),
         BUILD_SOURCE,
         m.archs.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(" + "),
@@ -132,7 +132,7 @@ pub fn run(json: bool) -> CliResult {
         println!("pruned {}: {}", p.name, p.reason);
     }
     let rejected: Vec<&ManifestInstance> = m.instances.iter().filter(|i| !i.accepted).collect();
-    println!("\n# rejected: {} instances spill (ptxas): no code embedded, never dispatched", rejected.len());
+    println!("\n# rejected: {} instance builds spill (ptxas): no code embedded, never dispatched", rejected.len());
     for i in rejected {
         println!("{:<52} {:<5} {}", i.name, i.arch.as_str(), buildlog::spills(i));
     }

@@ -1,4 +1,4 @@
-//! Stage 4: CUDA C -> PTX (nvcc 13.0) -> sm_90 cubin (ptxas -v, whose report
+//! Stage 4: CUDA C -> PTX (nvcc 13.0) -> a cubin per target arch (ptxas -v, whose report
 //! stage 5 reads). Results are cached by content hash, so an unchanged
 //! instance never recompiles. Failures carry the compiler's text and the
 //! command that reproduces them.

@@ -83,6 +83,13 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                     // dispatch skips it where it does not fit.
                     let smem = lay.bytes(cf, lmax_min);
                     let archs: Vec<Arch> = tile_archs.iter().copied().filter(|a| smem <= a.max_smem()).collect();
+                    for a in tile_archs.iter().filter(|a| !archs.contains(a)).filter(|_| !archs.is_empty()) {
+                        let reason = format!(
+                            "not built for {a}: {smem} bytes of shared memory at lmax {lmax_min} > {}",
+                            a.max_smem()
+                        );
+                        out.pruned.push(Pruned { name: name.clone(), reason });
+                    }
                     if archs.is_empty() {
                         let most = tile_archs.iter().map(|a| a.max_smem()).max().unwrap_or(0);
                         let reason = format!("{smem} bytes of shared memory at lmax {lmax_min} > {most}");
