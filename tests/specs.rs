@@ -385,4 +385,6 @@ fn instances_build_for_their_tiles_archs() {
     let exp = mixstack_gen::expand::expand(&specs, None).unwrap();
     let big = exp.instances.iter().find(|i| i.name == "ms_bwd_gemm_f32_cf128_m256_n128_k32_t8x8_s4_b1_ps").unwrap();
     assert_eq!(big.archs, [Arch::Sm90], "{} B at lmax 1", big.layout.bytes(128, 1));
+    let why = exp.pruned.iter().find(|p| p.name == big.name).map(|p| p.reason.as_str()).unwrap_or("no pruned line");
+    assert!(why.starts_with("not built for sm_80: "), "{why}");
 }

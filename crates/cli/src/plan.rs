@@ -104,8 +104,12 @@ pub fn run(a: &PlanArgs) -> CliResult {
     let planner = Planner { shape, dtype, dispatch: d };
     let machine = Machine { cublas: !a.no_cublas, scratch_cap: a.cap.unwrap_or(u64::MAX) };
     let tiles = TileOverride::new();
-    let gpu = a.gpu.as_deref().map_or(String::new(), |g| format!(", GPU {g:?}")) + &format!(", {}", d.arch());
-    println!("# plan: {dtype} F {} Cf {} lmax {} layers {} E {}{gpu}; {machine:?}", a.f, a.cf, a.lmax, a.layers, a.e);
+    let gpu = a.gpu.as_deref().map_or(String::new(), |g| format!(", GPU {g:?}"));
+    let arch = d.arch();
+    println!(
+        "# plan: {dtype} F {} Cf {} lmax {} layers {} E {}{gpu}, {arch}; {machine:?}",
+        a.f, a.cf, a.lmax, a.layers, a.e
+    );
     print!("## forward\n{}", planner.forward(a.e, true, &tiles, &machine)?);
     let choice = planner.backward_choice(a.fused, &tiles, machine.cublas)?;
     println!("## backward: {} ({})", choice.decision.path, choice.decision.reason);

@@ -82,19 +82,19 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                     // the instance cannot run there even at the smallest lmax;
                     // dispatch skips it where it does not fit.
                     let smem = lay.bytes(cf, lmax_min);
-                    let archs: Vec<Arch> = tile_archs.iter().copied().filter(|a| smem <= a.max_smem()).collect();
-                    for a in tile_archs.iter().filter(|a| !archs.contains(a)).filter(|_| !archs.is_empty()) {
-                        let reason = format!(
-                            "not built for {a}: {smem} bytes of shared memory at lmax {lmax_min} > {}",
-                            a.max_smem()
-                        );
-                        out.pruned.push(Pruned { name: name.clone(), reason });
-                    }
+                    let (archs, dropped): (Vec<Arch>, Vec<Arch>) =
+                        tile_archs.iter().copied().partition(|a| smem <= a.max_smem());
                     if archs.is_empty() {
                         let most = tile_archs.iter().map(|a| a.max_smem()).max().unwrap_or(0);
                         let reason = format!("{smem} bytes of shared memory at lmax {lmax_min} > {most}");
                         out.pruned.push(Pruned { name, reason });
                         continue;
+                    }
+                    for a in dropped {
+                        let max = a.max_smem();
+                        let reason =
+                            format!("not built for {a}: {smem} bytes of shared memory at lmax {lmax_min} > {max}");
+                        out.pruned.push(Pruned { name: name.clone(), reason });
                     }
                     let names_this = |d: &&crate::spec::DefaultSpec| {
                         d.stage == st.name && d.dtype == dtype && d.cf == cf && d.tile == geometry.tag()
