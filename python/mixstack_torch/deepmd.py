@@ -19,8 +19,11 @@ kernels around the stack stay DeePMD-kit's. Nothing of DeePMD-kit is copied.
 
 Where mixstack does not serve a call, :class:`StackOp` runs upstream's op
 instead and says so once per reason (a ``UserWarning``, and
-:func:`fallbacks`): tensors not on CUDA (DeePMD-kit traces on the CPU when it
-freezes a model), a dtype or shape outside mixstack's build.
+:func:`fallbacks`): a dtype or shape outside mixstack's build, tensors on a
+device other than CUDA or the CPU. On the CPU (DeePMD-kit traces there when
+it freezes a model) the op's CPU kernel runs, so the frozen ``.pt2`` calls
+``mixstack::stack``, which DeePMD-kit's C++ finds in libmixstack_torch.so
+(``DP_PLUGIN_PATH``).
 """
 
 import functools
@@ -71,9 +74,11 @@ def _served(dtype, F, cf, lmax, n_layers):
 
 def _refusal(u0, w0_all, lmax, focus_dim):
     """Why mixstack does not serve this call (None: it does). Decided from
-    static properties only, so the same branch is taken under tracing."""
-    if u0.device.type != "cuda":
-        return f"tensors on {u0.device.type} (mixstack runs on CUDA)"
+    static properties only, so the same branch is taken under tracing. On the
+    CPU (DeePMD-kit traces there to freeze) the op's CPU kernel runs, so that
+    the frozen model records mixstack::stack for the GPU it will run on."""
+    if u0.device.type not in ("cuda", "cpu"):
+        return f"tensors on {u0.device.type} (mixstack runs on CUDA, and on the CPU for tracing)"
     return _served(str(u0.dtype), int(u0.shape[0]), int(focus_dim), int(lmax), int(w0_all.shape[0]))
 
 

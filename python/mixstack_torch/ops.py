@@ -1,6 +1,12 @@
-"""The PyTorch ops over the C library (_lib.py): ``mixstack::stack`` and
-``mixstack::stack_bwd`` as ``torch.library`` custom ops, with fake kernels
-(shapes only) and autograd, so ``make_fx(tracing_mode="symbolic")``,
+"""The PyTorch ops: ``mixstack::stack`` and ``mixstack::stack_bwd``.
+
+Their schemas and kernels are registered in C++ (libmixstack_torch.so,
+csrc/mixstack_op.cpp, built and loaded by _ext.py): a CUDA kernel over the
+C library (include/mixstack.h, libmixstack.so) on the current stream and a
+CPU kernel of the reference math, so that a frozen model (an AOTInductor
+``.pt2``) finds the same ops in C++ (DeePMD-kit's DP_PLUGIN_PATH, LAMMPS).
+This module adds what stays in Python: the fake kernels (shapes only) and
+autograd, so ``make_fx(tracing_mode="symbolic")``,
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them.
 
 The weights are arguments of every call, as upstream: the C library is
@@ -11,296 +17,89 @@ host round trip, nothing cached on data pointers: one C handle per (device,
 dtype, F, Cf, lmax, n_layers) holds the kernels and the scratch pool.
 """
 
-import atexit
 import ctypes
 import operator
 import threading
 
 import torch
 
+from . import _ext
 from . import _lib as _libmod
-from ._lib import PATHS, _PATH_NAMES, MixstackError, _check, _load
-
-_DTYPES = {torch.float32: 0, torch.float64: 1}
-
+from ._lib import _PATH_NAMES, PATHS, MixstackError, _check, _load
 
 # ----------------------------------------------------------------------
-# C handles, one per shape
+# the C++ registration (libmixstack_torch.so, csrc/mixstack_op.cpp)
 # ----------------------------------------------------------------------
 
+_ext_lock = threading.Lock()
+_ext_lib = None
 
-class _Stack:
-    """One C handle of a stack that borrows its weights."""
 
-    def __init__(self, handle):
-        self.handle = handle
-
-    def close(self):
-        h, self.handle = self.handle, None
-        lib = _libmod._lib  # None once the library is gone (interpreter exit)
-        if h and lib is not None:
-            lib.mixstack_stack_destroy(h)
-
-    def __del__(self):
+def _load_ext():
+    """Loads libmixstack_torch.so once (which defines the ops and their CPU
+    and CUDA kernels) and points it at the libmixstack.so this package
+    loads, where there is one (the CPU kernels need none)."""
+    global _ext_lib
+    with _ext_lock:
+        if _ext_lib is not None:
+            return _ext_lib
+        path = _ext.library_path()
+        torch.ops.load_library(path)
+        lib = ctypes.CDLL(path)
+        lib.mixstack_torch_set_library.argtypes = [ctypes.c_char_p]
+        lib.mixstack_torch_last_path.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.mixstack_torch_clear_cache.argtypes = [ctypes.c_int]
         try:
-            self.close()
-        except Exception:
-            pass
+            _load()
+        except OSError:
+            pass  # no libmixstack.so: the CUDA kernels say so when called
+        else:
+            here = _libmod.library_path()
+            if lib.mixstack_torch_set_library(here.encode()) != 0:
+                raise MixstackError(f"mixstack: libmixstack_torch.so has another libmixstack.so open than {here}")
+        _ext_lib = lib
+        return lib
 
 
-_stacks = {}
-_stacks_lock = threading.Lock()
+_load_ext()
+stack = torch.ops.mixstack.stack
+stack_bwd = torch.ops.mixstack.stack_bwd
 
 
 def clear_cache():
-    """Destroy the C handles (one per shape; made again on the next call)."""
-    with _stacks_lock:
-        entries = list(_stacks.values())
-        _stacks.clear()
-    for e in entries:
-        e.close()
-
-
-atexit.register(clear_cache)
+    """Destroy the C handles (one per device, dtype and shape; made again on
+    the next call)."""
+    _ext_lib.mixstack_torch_clear_cache(0)
 
 
 def release_cached_memory():
     """Hand the scratch memory the handles keep mapped between calls (their
     own pools, outside PyTorch's allocator) back to the device."""
-    with _stacks_lock:
-        entries = list(_stacks.values())
-    for e in entries:
-        if e.handle:
-            _check(_load().mixstack_release_cached_memory(e.handle), "mixstack_release_cached_memory")
-
-
-def _current_stream(device):
-    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-
-
-def _get_stack(device, dtype, dims):
-    key = (device.index, dtype, dims)
-    with _stacks_lock:
-        st = _stacks.get(key)
-    if st is not None:
-        return st
-    if torch.cuda.is_current_stream_capturing():
-        raise MixstackError(
-            "mixstack: the first call for this shape is inside a CUDA graph capture; run it once before "
-            "capturing (creating the handle allocates and may synchronise)"
-        )
-    F, cf, lmax, n_layers = dims
-    handle = ctypes.c_void_p()
-    with torch.cuda.device(device):
-        status = _load().mixstack_stack_create_borrowing(
-            _DTYPES[dtype], device.index, F, cf, lmax, n_layers, ctypes.byref(handle)
-        )
-    _check(status, "mixstack_stack_create_borrowing")
-    st = _Stack(handle.value)
-    with _stacks_lock:
-        other = _stacks.setdefault(key, st)
-    if other is not st:
-        st.close()
-    return other
-
-
-def _ptr(t):
-    return t.data_ptr() or None
-
-
-# ----------------------------------------------------------------------
-# argument checks
-# ----------------------------------------------------------------------
-
-
-def _need(cond, msg):
-    if not cond:
-        raise ValueError("mixstack_stack: " + msg)
-
-
-def _check_tensors(tensors):
-    """Tensors, on CUDA, of one supported dtype, on one device, dense."""
-    for name, t in tensors.items():
-        _need(isinstance(t, torch.Tensor), f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in tensors.items():
-        _need(t.device.type == "cuda", f"`{name}` is on {t.device}: mixstack runs on CUDA tensors only (no CPU fallback)")
-        _need(
-            t.dtype in _DTYPES,
-            f"`{name}` has dtype {t.dtype}: mixstack supports torch.float32 and torch.float64 only",
-        )
-    first, t0 = next(iter(tensors.items()))
-    for name, t in tensors.items():
-        _need(t.device == t0.device, f"`{name}` is on {t.device}, `{first}` on {t0.device}: all tensors must be on one device")
-        _need(t.dtype == t0.dtype, f"`{name}` has dtype {t.dtype}, `{first}` {t0.dtype}: all tensors must have one dtype")
-        _need(
-            t.is_contiguous(),
-            f"`{name}` is not contiguous (strides {tuple(t.stride())}): mixstack reads dense row-major "
-            f"tensors and does not copy; pass `{name}.contiguous()`",
-        )
-
-
-def _check_scalars(lmax, focus_dim, path):
-    _need(path in PATHS, f"path must be one of {sorted(PATHS)}, got {path!r}")
-    _need(isinstance(lmax, int) and lmax >= 1, f"lmax must be an int >= 1, got {lmax!r}")
-    _need(isinstance(focus_dim, int) and focus_dim >= 1, f"focus_dim must be an int >= 1, got {focus_dim!r}")
-
-
-def _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim):
-    """The weights' shapes for F focus streams; returns n_layers."""
-    L, cf = lmax, focus_dim
-    m0, m1, lg = (L + 1) * cf, 2 * L * cf, L * cf
-    _need(w0_all.dim() == 4, f"w0_all must be (n_layers, F, M0, M0), got shape {tuple(w0_all.shape)}")
-    n = w0_all.shape[0]
-    _need(n >= 1, "w0_all has n_layers = 0")
-    for name, t, want in (
-        ("w0_all", w0_all, (n, F, m0, m0)),
-        ("w1_all", w1_all, (n, F, m1, m1)),
-        ("gw_all", gw_all, (n - 1, F, cf, lg)),
-    ):
-        _need(tuple(t.shape) == want, f"{name} must be {want} (n_layers={n}, F={F}), got {tuple(t.shape)}")
-    return n
-
-
-def _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
-    _check_tensors({"u0": u0, "alpha": alpha, "w0_all": w0_all, "w1_all": w1_all, "gw_all": gw_all})
-    _check_scalars(lmax, focus_dim, path)
-    row = _row(lmax, focus_dim)
-    _need(u0.dim() == 3, f"u0 must be (F, E, ROW), got shape {tuple(u0.shape)}")
-    F, E, r = u0.shape
-    _need(r == row, f"u0 has {r} columns, expected ROW = (3*lmax+1)*focus_dim = {row}")
-    _need(F >= 1, "u0 has F = 0 focus streams")
-    _need(tuple(alpha.shape) == (E, F), f"alpha must be (E, F) = {(E, F)}, got {tuple(alpha.shape)}")
-    return F, E, _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim)
-
-
-def _validate_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path):
-    """The backward's inputs, as a direct call may pass them (autograd's come
-    checked from the forward): the forward's outputs' shapes, one device and
-    dtype, dense (grad_out is made dense before)."""
-    _check_tensors(
-        {"out": out, "grad_out": grad_out, "z_all": z_all, "alpha": alpha, "w0_all": w0_all, "w1_all": w1_all,
-         "gw_all": gw_all}
-    )
-    _check_scalars(lmax, focus_dim, path)
-    row = _row(lmax, focus_dim)
-    _need(out.dim() == 3, f"out must be (E, F, ROW), got shape {tuple(out.shape)}")
-    E, F, _r = out.shape
-    n = _check_weights(w0_all, w1_all, gw_all, F, lmax, focus_dim)
-    for name, t, want in (
-        ("out", out, (E, F, row)),
-        ("grad_out", grad_out, (E, F, row)),
-        ("z_all", z_all, (n - 1, F, E, row)),
-        ("alpha", alpha, (E, F)),
-    ):
-        _need(tuple(t.shape) == want, f"{name} must be {want}, got {tuple(t.shape)}")
-    return F, E, n
-
-
-# ----------------------------------------------------------------------
-# the ops
-# ----------------------------------------------------------------------
-
-_last_path = None  # (path name, reason) of the most recent backward
+    _check(_ext_lib.mixstack_torch_clear_cache(1), "mixstack_release_cached_memory")
 
 
 def last_backward_path():
-    """(path, reason) of the most recent backward through the op in this
+    """(path, reason) of the most recent CUDA backward through the op in this
     process ("relay" or "fused", and why), or None before the first."""
-    return _last_path
-
-
-def _query_path(st):
-    global _last_path
-    code = ctypes.c_int(0)
     buf = ctypes.create_string_buffer(256)
-    _check(_load().mixstack_last_path(st.handle, ctypes.byref(code), buf, len(buf)), "mixstack_last_path")
-    _last_path = (_PATH_NAMES.get(code.value), buf.value.decode("utf-8", "replace"))
+    code = _ext_lib.mixstack_torch_last_path(buf, len(buf))
+    name = _PATH_NAMES.get(code)
+    return None if name is None else (name, buf.value.decode("utf-8", "replace"))
 
 
-def _row(lmax, focus_dim):
-    """ROW = (3L+1)Cf."""
-    return (3 * lmax + 1) * focus_dim
+# ----------------------------------------------------------------------
+# fake kernels (shapes only) and autograd
+# ----------------------------------------------------------------------
 
 
-@torch.library.custom_op("mixstack::stack", mutates_args=())
-def stack(
-    u0: torch.Tensor,
-    alpha: torch.Tensor,
-    w0_all: torch.Tensor,
-    w1_all: torch.Tensor,
-    gw_all: torch.Tensor,
-    lmax: int,
-    focus_dim: int,
-    apply_alpha: bool,
-    path: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward: ``(out (E, F, ROW), z_all (n_layers-1, F, E, ROW))``."""
-    F, E, n_layers = _validate(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path)
-    row = _row(lmax, focus_dim)
-    dev = u0.device
-    out = torch.empty((E, F, row), dtype=u0.dtype, device=dev)
-    z_all = torch.empty((n_layers - 1, F, E, row), dtype=u0.dtype, device=dev)
-    if E == 0:
-        return out, z_all
-    st = _get_stack(dev, u0.dtype, (F, focus_dim, lmax, n_layers))
-    with torch.cuda.device(dev):
-        status = _load().mixstack_forward_w(
-            st.handle, E, _ptr(u0), _ptr(alpha), int(bool(apply_alpha)),
-            _ptr(w0_all), _ptr(w1_all), _ptr(gw_all), _ptr(out), _ptr(z_all), _current_stream(dev),
-        )
-    _check(status, "mixstack_forward_w")
-    return out, z_all
-
-
-@stack.register_fake
+@torch.library.register_fake("mixstack::stack")
 def _(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
     F, E, row = u0.shape
     n_layers = w0_all.shape[0]
     return u0.new_empty((E, F, row)), u0.new_empty((n_layers - 1, F, E, row))
 
 
-@torch.library.custom_op("mixstack::stack_bwd", mutates_args=())
-def stack_bwd(
-    grad_out: torch.Tensor,
-    out: torch.Tensor,
-    z_all: torch.Tensor,
-    alpha: torch.Tensor,
-    w0_all: torch.Tensor,
-    w1_all: torch.Tensor,
-    gw_all: torch.Tensor,
-    lmax: int,
-    focus_dim: int,
-    apply_alpha: bool,
-    path: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Input gradients: ``(grad_u0 (F, E, ROW), grad_alpha (E, F))``."""
-    # Autograd may hand in any layout (e.g. expanded ones): make it dense.
-    if isinstance(grad_out, torch.Tensor) and isinstance(out, torch.Tensor):
-        grad_out = grad_out.to(dtype=out.dtype).contiguous()
-    F, E, n_layers = _validate_bwd(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, path)
-    row = _row(lmax, focus_dim)
-    dev = out.device
-    grad_u0 = torch.empty((F, E, row), dtype=out.dtype, device=dev)
-    grad_alpha = torch.empty((E, F), dtype=out.dtype, device=dev)
-    if E == 0:
-        return grad_u0, grad_alpha
-    # The transposes the backward reads, made on the device on this stream.
-    wt0 = w0_all.transpose(-1, -2).contiguous()
-    wt1 = w1_all.transpose(-1, -2).contiguous()
-    gwt = gw_all.transpose(-1, -2).contiguous()
-    st = _get_stack(dev, out.dtype, (F, focus_dim, lmax, n_layers))
-    with torch.cuda.device(dev):
-        status = _load().mixstack_backward_w(
-            st.handle, E, _ptr(grad_out), _ptr(out), _ptr(z_all), _ptr(alpha), int(bool(apply_alpha)),
-            _ptr(wt0), _ptr(wt1), _ptr(gw_all), _ptr(gwt), _ptr(grad_u0), _ptr(grad_alpha),
-            PATHS[path], _current_stream(dev),
-        )
-    _check(status, "mixstack_backward_w")
-    _query_path(st)
-    return grad_u0, grad_alpha
-
-
-@stack_bwd.register_fake
+@torch.library.register_fake("mixstack::stack_bwd")
 def _(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
     E, F, row = out.shape
     return out.new_empty((F, E, row)), out.new_empty((E, F))
@@ -323,7 +122,7 @@ def _backward(ctx, grad_out, _grad_z_all):
     return grad_u0, grad_alpha, None, None, None, None, None, None, None
 
 
-stack.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("mixstack::stack", _backward, setup_context=_setup_context)
 
 
 def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path="auto"):

@@ -68,16 +68,29 @@ def test_install_swaps_and_falls_back_with_a_reason():
         dropin.install("fused")  # again: keeps upstream's op as the one to restore
         assert dropin.installed() == "fused" and mod._mixing_stack_op.upstream is mod.upstream
         assert relay_op.path == "relay", "a model built before keeps its path"
-        u0 = torch.zeros(2, 5, 320)
-        w0 = torch.zeros(3, 2, 128, 128)
+        # A shape the build serves, on the CPU (as DeePMD-kit traces to
+        # freeze): mixstack's op, whose CPU kernel is the reference math, so
+        # that a frozen model records mixstack::stack.
+        from mixstack_torch import reference
+
+        g = torch.Generator().manual_seed(3)
+        u0, alpha = torch.randn(2, 5, 320, generator=g), torch.rand(5, 2, generator=g) + 0.5
+        ws = (torch.randn(3, 2, 128, 128, generator=g) / 128**0.5, torch.randn(3, 2, 192, 192, generator=g) / 192**0.5,
+              torch.randn(2, 2, 32, 96, generator=g) / 32**0.5)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            out = mod._mixing_stack_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
-            relay_op(u0, torch.ones(5, 2), w0, None, None, 3, 32, True)
+            out, z_all = mod._mixing_stack_op(u0, alpha, *ws, 3, 32, True)
+            want, want_z = reference.forward(u0, alpha, *ws, 3, 32, True)
+            assert torch.allclose(out, want, atol=1e-5) and torch.allclose(z_all, want_z, atol=1e-5)
+            assert mod.calls == []
+            # A shape outside the build (Cf 48): upstream's op, with the reason once.
+            u48, w48 = torch.zeros(1, 5, 192), torch.zeros(2, 1, 96, 96)
+            out = mod._mixing_stack_op(u48, torch.ones(5, 1), w48, None, None, 1, 48, True)
+            relay_op(u48, torch.ones(5, 1), w48, None, None, 1, 48, True)
         assert out == ("upstream-out", "upstream-z")
-        assert mod.calls == [((2, 5, 320), 3, 32, True)] * 2
+        assert mod.calls == [((1, 5, 192), 1, 48, True)] * 2
         said = [str(x.message) for x in w]
-        assert len(said) == 1 and "cpu" in said[0], said  # once per reason
+        assert len(said) == 1 and "48" in said[0], said  # once per reason
         assert list(dropin.fallbacks().values()) == [2]
         dropin.uninstall()
         assert mod._mixing_stack_op is mod.upstream and dropin.installed() is None

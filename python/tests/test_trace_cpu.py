@@ -75,79 +75,172 @@ def test_export_records_the_op():
     assert "mixstack.stack.default" in targets, targets
 
 
-def test_cpu_tensors_are_a_value_error():
+def test_kernels_are_registered_in_cpp():
+    # The C++ library (libmixstack_torch.so) defines both schemas and their
+    # CPU and CUDA kernels: what a frozen .pt2 finds without Python.
+    import mixstack_torch  # noqa: F401
+
+    assert str(torch.ops.mixstack.stack.default._schema) == (
+        "mixstack::stack(Tensor u0, Tensor alpha, Tensor w0_all, Tensor w1_all, Tensor gw_all, int lmax, "
+        "int focus_dim, bool apply_alpha, str path) -> (Tensor, Tensor)"
+    ), torch.ops.mixstack.stack.default._schema
+    for op in ("mixstack::stack", "mixstack::stack_bwd"):
+        for key in ("CPU", "CUDA"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), (op, key)
+
+
+def _problem(dtype, apply_alpha, n_layers=N, e=E, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    u0 = torch.randn(F, e, ROW, generator=g, dtype=dtype)
+    alpha = torch.rand(e, F, generator=g, dtype=dtype) + 0.25
+    w0 = torch.randn(n_layers, F, M0, M0, generator=g, dtype=dtype) / M0**0.5
+    w1 = torch.randn(n_layers, F, M1, M1, generator=g, dtype=dtype) / M1**0.5
+    gw = torch.randn(n_layers - 1, F, CF, LG, generator=g, dtype=dtype) / CF**0.5
+    return u0, alpha, w0, w1, gw
+
+
+def test_cpu_kernel_matches_the_reference_and_autograd_round_trips():
+    # The CPU kernel (what export and freezing run while tracing) against the
+    # Python reference: forward, and the op's autograd (stack_bwd's CPU
+    # kernel) against autograd of the reference, fp64 and fp32.
+    import mixstack_torch as mt
+    from mixstack_torch import reference as ref
+
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
+        for apply_alpha in (True, False):
+            for n_layers in (1, N):
+                u0, alpha, w0, w1, gw = _problem(dtype, apply_alpha, n_layers)
+                u = u0.clone().requires_grad_()
+                a = alpha.clone().requires_grad_()
+                out, z_all = mt.mixstack_stack(u, a, w0, w1, gw, L, CF, apply_alpha)
+                want_out, want_z = ref.forward(u0, alpha, w0, w1, gw, L, CF, apply_alpha)
+                what = f"{dtype} apply_alpha={apply_alpha} n_layers={n_layers}"
+                assert z_all.shape == (n_layers - 1, F, E, ROW), what
+                assert torch.allclose(out, want_out, rtol=tol, atol=tol), what
+                assert torch.allclose(z_all, want_z, rtol=tol, atol=tol), what
+                go = torch.randn_like(out)
+                gu, ga = torch.autograd.grad(out, (u, a), go)
+                want_gu, want_ga = ref.autograd_backward(u0, alpha, w0, w1, gw, L, CF, apply_alpha, go)
+                scale = want_gu.abs().max().item()
+                assert (gu - want_gu).abs().max().item() <= tol * 10 * scale, what
+                assert (ga - want_ga).abs().max().item() <= tol * 10 * max(1.0, want_ga.abs().max().item()), what
+    # gradcheck through the C++ op and its Python autograd registration
+    u0, alpha, w0, w1, gw = _problem(torch.float64, True, e=3)
+    fn = lambda u, a: mt.mixstack_stack(u, a, w0, w1, gw, L, CF, True)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (u0.requires_grad_(), alpha.requires_grad_()))
+
+
+def test_refusals_are_value_errors():
+    # The C++ checks, shared by the CPU and CUDA kernels: each names what is
+    # wrong, as a ValueError.
     import mixstack_torch as mt
 
-    try:
-        mt.mixstack_stack(*_inputs(), L, CF, True)
-    except ValueError as e:
-        assert "CUDA" in str(e), e
-    else:
-        raise AssertionError("CPU tensors were accepted")
-    # the backward op checks what a direct call passes, too
-    u0, alpha, w0, w1, gw = (t.detach() for t in _inputs())
+    u0, alpha, w0, w1, gw = _problem(torch.float32, True)
+
+    def call(u0=u0, alpha=alpha, ws=(w0, w1, gw), cf=CF, path="auto"):
+        return torch.ops.mixstack.stack(u0, alpha, *ws, L, cf, True, path)
+
+    cases = [
+        ("non-contiguous", dict(u0=torch.empty(E, F, ROW).transpose(0, 1)), ["u0", "contiguous"]),
+        ("float16", dict(u0=u0.half()), ["Half"]),
+        ("mixed dtypes", dict(alpha=alpha.double()), ["alpha", "dtype"]),
+        ("alpha shape", dict(alpha=alpha[:3]), ["alpha"]),
+        ("ROW", dict(cf=16), ["ROW"]),
+        ("path", dict(path="sideways"), ["path"]),
+        ("gw shape", dict(ws=(w0, w1, gw[:, :, :8])), ["gw_all"]),
+        ("w1 layers", dict(ws=(w0, w1[:2], gw)), ["w1_all"]),
+    ]
+    for what, kw, needles in cases:
+        try:
+            call(**kw)
+        except ValueError as e:
+            assert all(n in str(e) for n in needles), f"{what}: {e}"
+        else:
+            raise AssertionError(f"{what} was accepted")
     out, z = torch.zeros(E, F, ROW), torch.zeros(N - 1, F, E, ROW)
-    for what, args in [
-        ("CUDA", (out, out, z, alpha, w0, w1, gw)),
-        ("CUDA", (out[:3], out, z, alpha, w0, w1, gw)),
+    for what, args, needle in [
+        ("grad_out rows", (out[:3], out, z, alpha, w0, w1, gw), "grad_out"),
+        ("z_all layers", (out, out, z[:1], alpha, w0, w1, gw), "z_all"),
     ]:
         try:
             torch.ops.mixstack.stack_bwd(*args, L, CF, True, "relay")
         except ValueError as e:
-            assert what in str(e), e
+            assert needle in str(e), f"{what}: {e}"
         else:
-            raise AssertionError("stack_bwd accepted CPU tensors")
+            raise AssertionError(f"{what} was accepted")
     try:
-        mt.mixstack_stack(*_inputs(), L, CF, True, path="sideways")
+        mt.mixstack_stack(u0, alpha, w0, w1, gw, L, CF, True, path="sideways")
     except ValueError as e:
         assert "path" in str(e), e
     else:
         raise AssertionError("a bad path was accepted")
 
 
-def test_refusals_on_fake_cuda_tensors():
-    # FakeTensorMode makes CUDA tensors without a GPU: every argument check
-    # the op runs before it touches the library, with the message it gives.
-    from mixstack_torch import ops
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def test_aoti_package_calls_the_op_by_name():
+    # An AOTInductor package (what `dp --pt-expt freeze` makes) of a module
+    # calling the op records a call by name: loaded in a fresh process
+    # without the op it fails naming it; with only libmixstack_torch.so loaded
+    # (no mixstack_torch package, as DeePMD-kit's C++ loads it through
+    # DP_PLUGIN_PATH) it runs, and gives the eager result.
+    import subprocess
+    import tempfile
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        u0, alpha, w0, w1, gw = (t.detach().to("cuda") for t in _inputs())
-        ws = (w0, w1, gw)
+    import mixstack_torch  # noqa: F401
+    from mixstack_torch import _ext
 
-        def call(u0=u0, alpha=alpha, ws=ws, cf=CF, path="auto"):
-            return ops._validate(u0, alpha, *ws, L, cf, path)
+    u0, alpha, w0, w1, gw = _problem(torch.float32, True)
 
-        assert call() == (F, E, N)
-        cases = [
-            ("CPU u0", dict(u0=torch.empty(F, E, ROW)), ["u0", "CUDA"]),
-            ("non-contiguous", dict(u0=torch.empty(E, F, ROW, device="cuda").transpose(0, 1)), ["u0", "contiguous"]),
-            ("float16", dict(u0=u0.half()), ["float16"]),
-            ("mixed dtypes", dict(alpha=alpha.double()), ["alpha", "dtype"]),
-            ("alpha shape", dict(alpha=alpha[:3]), ["alpha"]),
-            ("ROW", dict(cf=16), ["ROW"]),
-            ("path", dict(path="bogus"), ["path"]),
-            ("gw shape", dict(ws=(w0, w1, gw[:, :, :8])), ["gw_all"]),
-        ]
-        for what, kw, needles in cases:
-            try:
-                call(**kw)
-            except ValueError as e:
-                assert all(n in str(e) for n in needles), f"{what}: {e}"
-            else:
-                raise AssertionError(f"{what} was accepted")
-        out, z = torch.empty(E, F, ROW, device="cuda"), torch.empty(N - 1, F, E, ROW, device="cuda")
-        assert ops._validate_bwd(out, out, z, alpha, *ws, L, CF, "relay") == (F, E, N)
-        for what, args, needle in [
-            ("grad_out shape", (out[:2], out, z, alpha), "grad_out"),
-            ("z_all shape", (out, out, z[:, :1], alpha), "z_all"),
-        ]:
-            try:
-                ops._validate_bwd(*args, *ws, L, CF, "relay")
-            except ValueError as e:
-                assert needle in str(e), f"{what}: {e}"
-            else:
-                raise AssertionError(f"{what} was accepted")
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w0, self.w1, self.gw = (torch.nn.Parameter(t) for t in (w0, w1, gw))
+
+        def forward(self, u0, alpha):
+            out, _ = torch.ops.mixstack.stack(u0, alpha, self.w0, self.w1, self.gw, L, CF, True, "auto")
+            return out.square().sum(dim=-1)
+
+    m = M()
+    with tempfile.TemporaryDirectory() as d:
+        pt2 = torch._inductor.aoti_compile_and_package(
+            torch.export.export(m, (u0, alpha)), package_path=os.path.join(d, "m.pt2")
+        )
+        torch.save((u0, alpha), os.path.join(d, "inputs.pt"))
+        script = (
+            "import sys, torch\n"
+            "if sys.argv[1]: torch.ops.load_library(sys.argv[1])\n"
+            "u0, alpha = torch.load(sys.argv[3])\n"
+            "torch.save(torch._inductor.aoti_load_package(sys.argv[2])(u0, alpha), sys.argv[4])\n"
+        )
+        res = os.path.join(d, "out.pt")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        run = lambda lib: subprocess.run(  # noqa: E731
+            [sys.executable, "-c", script, lib, pt2, os.path.join(d, "inputs.pt"), res],
+            capture_output=True, text=True, env=env, cwd=d,
+        )
+        without = run("")
+        assert without.returncode != 0 and "mixstack::stack" in without.stderr, without.stderr[-2000:]
+        with_lib = run(_ext.library_path())
+        assert with_lib.returncode == 0, with_lib.stderr[-2000:]
+        got = torch.load(res)
+    want = m(u0, alpha)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-4), (got - want).abs().max()
+
+
+def test_cpp_library_needs_no_python():
+    # DeePMD-kit's C++ (LAMMPS) dlopens it where no Python runs.
+    import shutil
+    import subprocess
+
+    from mixstack_torch import _ext
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        print("SKIPPED test_cpp_library_needs_no_python: no readelf")
+        return
+    needed = subprocess.run([readelf, "-d", _ext.library_path()], capture_output=True, text=True).stdout
+    libs = [ln.split("[")[1].rstrip("]") for ln in needed.splitlines() if "(NEEDED)" in ln]
+    assert "libtorch_cpu.so" in libs and "libc10.so" in libs, libs
+    assert not any("python" in x for x in libs), libs
 
 
 def main():

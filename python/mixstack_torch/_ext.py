@@ -1,0 +1,91 @@
+"""libmixstack_torch.so: the C++ registration of the ops (csrc/mixstack_op.cpp).
+
+It defines ``mixstack::stack`` and ``mixstack::stack_bwd`` with their CUDA
+(C ABI) and CPU (reference) kernels, links against the torch it is built
+with (libc10, libtorch, libtorch_cpu; no Python), and is what DeePMD-kit's
+C++ loads through ``DP_PLUGIN_PATH`` for a frozen ``.pt2`` (LAMMPS).
+
+Built by ``pip install --no-build-isolation ./python`` (setup.py) into the
+package, against the torch of that environment. Where the package has none
+(a source checkout on ``PYTHONPATH``, or an install without torch), the
+first use builds it into ``$MIXSTACK_TORCH_CACHE`` (default
+``~/.cache/mixstack_torch``), keyed by the torch version and the source.
+``python -m mixstack_torch._ext [DIR]`` builds it and prints its path.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+LIB_NAME = "libmixstack_torch.so"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(_HERE, "csrc", "mixstack_op.cpp")
+
+
+def header_dir():
+    """The directory of mixstack.h: the package's copy (installed), else the
+    repository's include/."""
+    for d in (os.path.join(_HERE, "include"), os.path.join(os.path.dirname(os.path.dirname(_HERE)), "include")):
+        if os.path.isfile(os.path.join(d, "mixstack.h")):
+            return d
+    raise FileNotFoundError("mixstack.h: neither in the package (include/) nor in the repository's include/")
+
+
+def _key(torch):
+    h = hashlib.sha256()
+    for p in (SOURCE, os.path.join(header_dir(), "mixstack.h")):
+        with open(p, "rb") as f:
+            h.update(f.read())
+    h.update(f"{torch.__version__} {torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
+    return h.hexdigest()[:16]
+
+
+def build(out_dir):
+    """Compiles the library into out_dir against the importable torch;
+    returns its path. Needs a C++17 compiler ($CXX, else c++)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, LIB_NAME)
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise RuntimeError("mixstack_torch: building libmixstack_torch.so needs a C++ compiler (set CXX)")
+    libs = cpp_extension.library_paths()
+    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-I", header_dir()]
+    for d in cpp_extension.include_paths():
+        cmd += ["-isystem", d]
+    cmd += [SOURCE, "-o", out + ".tmp"]
+    for d in libs:
+        cmd += ["-L", d, f"-Wl,-rpath,{d}"]
+    cmd += ["-lc10", "-ltorch", "-ltorch_cpu", "-ldl"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"mixstack_torch: building {LIB_NAME} failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
+    os.replace(out + ".tmp", out)
+    return out
+
+
+def library_path(build_missing=True):
+    """The libmixstack_torch.so to load: the package's (built at install), or
+    the cached build for this torch and source (built now if missing)."""
+    packaged = os.path.join(_HERE, LIB_NAME)
+    if os.path.isfile(packaged):
+        return packaged
+    import torch
+
+    cache = os.environ.get("MIXSTACK_TORCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mixstack_torch")
+    d = os.path.join(cache, _key(torch))
+    path = os.path.join(d, LIB_NAME)
+    if not os.path.isfile(path):
+        if not build_missing:
+            raise FileNotFoundError(path)
+        build(d)
+    return path
+
+
+if __name__ == "__main__":
+    print(build(sys.argv[1]) if len(sys.argv) > 1 else library_path())

@@ -1,0 +1,462 @@
+// libmixstack_torch.so: the mixstack ops in PyTorch's dispatcher.
+//
+//   mixstack::stack      forward: (out (E, F, ROW), z_all (n_layers-1, F, E, ROW))
+//   mixstack::stack_bwd  input gradients: (grad_u0 (F, E, ROW), grad_alpha (E, F))
+//
+// The schemas are defined here, in C++, with a CUDA kernel (the C ABI of
+// libmixstack.so, include/mixstack.h, on PyTorch's current stream; outputs
+// from PyTorch's allocator) and a CPU kernel (the reference math of
+// docs/MIXING_STACK.md in ATen ops), so that one registration serves eager
+// Python, torch.compile, torch.export / AOTInductor packages (which record
+// a call by name) and DeePMD-kit's C++ loading this library through
+// DP_PLUGIN_PATH (LAMMPS), where no Python runs. The fake kernels and the
+// autograd formula are registered from Python (mixstack_torch/ops.py).
+//
+// libmixstack.so is opened on first CUDA use: the path given by
+// mixstack_torch_set_library (the Python package passes the library it
+// loaded), else $MIXSTACK_LIB (a file or its directory), else the
+// libmixstack*.so beside this library. Nothing here needs CUDA headers: the
+// stream comes from c10's device-generic guard.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mixstack.h"
+
+namespace {
+
+// ---------------------------------------------------------------------
+// libmixstack.so, opened once
+// ---------------------------------------------------------------------
+
+struct Lib {
+  int (*abi_version)();
+  const char* (*last_error)();
+  int (*create_borrowing)(int, int, int64_t, int64_t, int64_t, int64_t, mixstack_stack**);
+  int (*forward_w)(mixstack_stack*, int64_t, const void*, const void*, int, const void*, const void*,
+                   const void*, void*, void*, void*);
+  int (*backward_w)(mixstack_stack*, int64_t, const void*, const void*, const void*, const void*, int,
+                    const void*, const void*, const void*, const void*, void*, void*, int, void*);
+  int (*last_path)(const mixstack_stack*, int*, char*, size_t);
+  int (*release_cached_memory)(mixstack_stack*);
+  void (*destroy)(mixstack_stack*);
+  std::string path;
+};
+
+std::mutex g_mu;          // guards everything below
+std::string g_lib_path;   // set by mixstack_torch_set_library
+Lib* g_lib = nullptr;
+
+std::string dir_of_this_library() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&dir_of_this_library), &info) == 0 || info.dli_fname == nullptr) return ".";
+  std::string p = info.dli_fname;
+  const auto slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+std::vector<std::string> candidates() {
+  if (!g_lib_path.empty()) return {g_lib_path};
+  if (const char* env = std::getenv("MIXSTACK_LIB"); env != nullptr && *env != '\0') {
+    std::string e = env;
+    // A directory (ends with '/', or names no .so file): the library in it.
+    if (e.back() == '/' || e.size() < 3 || e.compare(e.size() - 3, 3, ".so") != 0) return {e + "/libmixstack.so"};
+    return {e};
+  }
+  // Beside this library: libmixstack.so, or the name `pip install` gives it
+  // as an extension (libmixstack.cpython-...so).
+  const std::string here = dir_of_this_library();
+  std::vector<std::string> out{here + "/libmixstack.so"};
+  if (DIR* dir = opendir(here.c_str()); dir != nullptr) {
+    std::vector<std::string> named;
+    while (const dirent* ent = readdir(dir)) {
+      const std::string f = ent->d_name;
+      if (f.rfind("libmixstack.", 0) == 0 && f != "libmixstack.so" && f.size() > 3 &&
+          f.compare(f.size() - 3, 3, ".so") == 0) {
+        named.push_back(here + "/" + f);
+      }
+    }
+    closedir(dir);
+    std::sort(named.begin(), named.end());
+    out.insert(out.end(), named.begin(), named.end());
+  }
+  return out;
+}
+
+template <typename F>
+void sym(void* h, const char* name, F& f, const std::string& path) {
+  f = reinterpret_cast<F>(dlsym(h, name));
+  TORCH_CHECK(f != nullptr, "mixstack: ", path, " has no symbol ", name);
+}
+
+// The library (opened on first use); callers hold g_mu.
+Lib& lib_locked() {
+  if (g_lib != nullptr) return *g_lib;
+  std::string tried;
+  for (const auto& p : candidates()) {
+    void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      tried += "\n  " + p + ": " + dlerror();
+      continue;
+    }
+    auto* l = new Lib{};
+    l->path = p;
+    sym(h, "mixstack_abi_version", l->abi_version, p);
+    sym(h, "mixstack_last_error", l->last_error, p);
+    sym(h, "mixstack_stack_create_borrowing", l->create_borrowing, p);
+    sym(h, "mixstack_forward_w", l->forward_w, p);
+    sym(h, "mixstack_backward_w", l->backward_w, p);
+    sym(h, "mixstack_last_path", l->last_path, p);
+    sym(h, "mixstack_release_cached_memory", l->release_cached_memory, p);
+    sym(h, "mixstack_stack_destroy", l->destroy, p);
+    const int v = l->abi_version();
+    TORCH_CHECK(v == MIXSTACK_ABI_VERSION, "mixstack: ", p, " has ABI version ", v, ", this op was built for ",
+                MIXSTACK_ABI_VERSION);
+    g_lib = l;
+    return *l;
+  }
+  TORCH_CHECK(false, "mixstack: libmixstack.so could not be opened (set MIXSTACK_LIB to the file or its directory); tried:",
+              tried);
+}
+
+// A failed C call: ValueError for what the caller got wrong, RuntimeError otherwise.
+void check(int status, const Lib& l, const char* func) {
+  if (status == MIXSTACK_OK) return;
+  const char* msg = l.last_error();
+  const std::string text = (msg != nullptr && *msg != '\0') ? std::string(msg) : std::string(func) + " failed";
+  switch (status) {
+    case MIXSTACK_ERR_NULL_POINTER:
+    case MIXSTACK_ERR_BAD_SHAPE:
+    case MIXSTACK_ERR_BAD_DTYPE:
+    case MIXSTACK_ERR_MISALIGNED:
+    case MIXSTACK_ERR_BAD_ARGUMENT:
+    case MIXSTACK_ERR_INVALID_HANDLE:
+      TORCH_CHECK_VALUE(false, "mixstack: ", text);
+    default:
+      TORCH_CHECK(false, "mixstack: ", text);
+  }
+}
+
+// ---------------------------------------------------------------------
+// C handles: one per (device, dtype, F, Cf, lmax, n_layers)
+// ---------------------------------------------------------------------
+
+using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t>;
+std::map<Key, mixstack_stack*> g_stacks;
+int g_last_code = 0;  // the most recent backward's path (1 relay, 2 fused) and why
+std::string g_last_reason;
+
+mixstack_stack* stack_for(const Lib& l, int device, int dtype, int64_t F, int64_t cf, int64_t lmax, int64_t n) {
+  const Key key{device, dtype, F, cf, lmax, n};
+  if (auto it = g_stacks.find(key); it != g_stacks.end()) return it->second;
+  mixstack_stack* h = nullptr;
+  check(l.create_borrowing(dtype, device, F, cf, lmax, n, &h), l, "mixstack_stack_create_borrowing");
+  g_stacks.emplace(key, h);
+  return h;
+}
+
+void* current_stream(const at::Device& d) {
+  c10::impl::VirtualGuardImpl impl(d.type());
+  return impl.getStream(d).native_handle();
+}
+
+// ---------------------------------------------------------------------
+// argument checks (ValueError, naming the argument)
+// ---------------------------------------------------------------------
+
+struct Dims {
+  int64_t L, cf, row, m0, m1, lg;
+};
+
+Dims dims(int64_t lmax, int64_t focus_dim) {
+  TORCH_CHECK_VALUE(lmax >= 1, "mixstack_stack: lmax must be >= 1, got ", lmax);
+  TORCH_CHECK_VALUE(focus_dim >= 1, "mixstack_stack: focus_dim must be >= 1, got ", focus_dim);
+  return {lmax, focus_dim, (3 * lmax + 1) * focus_dim, (lmax + 1) * focus_dim, 2 * lmax * focus_dim, lmax * focus_dim};
+}
+
+int path_code(c10::string_view path) {
+  if (path == "auto") return MIXSTACK_PATH_AUTO;
+  if (path == "relay") return MIXSTACK_PATH_RELAY;
+  if (path == "fused") return MIXSTACK_PATH_FUSED;
+  TORCH_CHECK_VALUE(false, "mixstack_stack: path must be one of ['auto', 'fused', 'relay'], got '", std::string(path),
+                    "'");
+}
+
+void same_kind(std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
+  const auto& [first, t0] = *ts.begin();
+  for (const auto& [name, t] : ts) {
+    TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, "mixstack_stack: `", name,
+                      "` has dtype ", t->scalar_type(), ": mixstack supports float32 and float64 only");
+    TORCH_CHECK_VALUE(t->device() == t0->device(), "mixstack_stack: `", name, "` is on ", t->device(), ", `", first,
+                      "` on ", t0->device(), ": all tensors must be on one device");
+    TORCH_CHECK_VALUE(t->scalar_type() == t0->scalar_type(), "mixstack_stack: `", name, "` has dtype ",
+                      t->scalar_type(), ", `", first, "` ", t0->scalar_type(), ": all tensors must have one dtype");
+    TORCH_CHECK_VALUE(t->is_contiguous(), "mixstack_stack: `", name, "` is not contiguous (strides ", t->strides(),
+                      "): mixstack reads dense row-major tensors and does not copy; pass `", name, ".contiguous()`");
+  }
+}
+
+void shape_is(const char* name, const at::Tensor& t, std::vector<int64_t> want) {
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want), "mixstack_stack: ", name, " must be ", at::IntArrayRef(want),
+                    ", got ", t.sizes());
+}
+
+// n_layers, after checking the weights' shapes for F focus streams.
+int64_t weights(const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw, int64_t F, const Dims& d) {
+  TORCH_CHECK_VALUE(w0.dim() == 4, "mixstack_stack: w0_all must be (n_layers, F, M0, M0), got ", w0.sizes());
+  const int64_t n = w0.size(0);
+  TORCH_CHECK_VALUE(n >= 1, "mixstack_stack: w0_all has n_layers = 0");
+  shape_is("w0_all", w0, {n, F, d.m0, d.m0});
+  shape_is("w1_all", w1, {n, F, d.m1, d.m1});
+  shape_is("gw_all", gw, {n - 1, F, d.cf, d.lg});
+  return n;
+}
+
+// (F, E, n_layers) of a forward call.
+std::tuple<int64_t, int64_t, int64_t> check_forward(const at::Tensor& u0, const at::Tensor& alpha,
+                                                    const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw,
+                                                    const Dims& d) {
+  same_kind({{"u0", &u0}, {"alpha", &alpha}, {"w0_all", &w0}, {"w1_all", &w1}, {"gw_all", &gw}});
+  TORCH_CHECK_VALUE(u0.dim() == 3, "mixstack_stack: u0 must be (F, E, ROW), got ", u0.sizes());
+  const int64_t F = u0.size(0), E = u0.size(1);
+  TORCH_CHECK_VALUE(u0.size(2) == d.row, "mixstack_stack: u0 has ", u0.size(2),
+                    " columns, expected ROW = (3*lmax+1)*focus_dim = ", d.row);
+  TORCH_CHECK_VALUE(F >= 1, "mixstack_stack: u0 has F = 0 focus streams");
+  shape_is("alpha", alpha, {E, F});
+  return {F, E, weights(w0, w1, gw, F, d)};
+}
+
+std::tuple<int64_t, int64_t, int64_t> check_backward(const at::Tensor& grad_out, const at::Tensor& out,
+                                                     const at::Tensor& z_all, const at::Tensor& alpha,
+                                                     const at::Tensor& w0, const at::Tensor& w1,
+                                                     const at::Tensor& gw, const Dims& d) {
+  same_kind({{"out", &out},
+             {"grad_out", &grad_out},
+             {"z_all", &z_all},
+             {"alpha", &alpha},
+             {"w0_all", &w0},
+             {"w1_all", &w1},
+             {"gw_all", &gw}});
+  TORCH_CHECK_VALUE(out.dim() == 3, "mixstack_stack: out must be (E, F, ROW), got ", out.sizes());
+  const int64_t E = out.size(0), F = out.size(1);
+  const int64_t n = weights(w0, w1, gw, F, d);
+  shape_is("out", out, {E, F, d.row});
+  shape_is("grad_out", grad_out, {E, F, d.row});
+  shape_is("z_all", z_all, {n - 1, F, E, d.row});
+  shape_is("alpha", alpha, {E, F});
+  return {F, E, n};
+}
+
+int dtype_code(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? MIXSTACK_DTYPE_F32 : MIXSTACK_DTYPE_F64; }
+
+// The transposes the backward reads ((in, out) -> (out, in) per block).
+at::Tensor blocks_t(const at::Tensor& w) { return w.transpose(-1, -2).contiguous(); }
+
+// ---------------------------------------------------------------------
+// CUDA: the C ABI
+// ---------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> stack_cuda(const at::Tensor& u0, const at::Tensor& alpha, const at::Tensor& w0,
+                                              const at::Tensor& w1, const at::Tensor& gw, int64_t lmax,
+                                              int64_t focus_dim, bool apply_alpha, c10::string_view path) {
+  const Dims d = dims(lmax, focus_dim);
+  path_code(path);
+  const auto [F, E, n] = check_forward(u0, alpha, w0, w1, gw, d);
+  at::Tensor out = at::empty({E, F, d.row}, u0.options());
+  at::Tensor z_all = at::empty({n - 1, F, E, d.row}, u0.options());
+  if (E == 0) return {out, z_all};
+  const c10::DeviceGuard guard(u0.device());
+  std::lock_guard<std::mutex> lock(g_mu);
+  Lib& l = lib_locked();
+  mixstack_stack* h = stack_for(l, u0.device().index(), dtype_code(u0), F, d.cf, d.L, n);
+  check(l.forward_w(h, E, u0.data_ptr(), alpha.data_ptr(), apply_alpha ? 1 : 0, w0.data_ptr(), w1.data_ptr(),
+                    gw.numel() ? gw.data_ptr() : nullptr, out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
+                    current_stream(u0.device())),
+        l, "mixstack_forward_w");
+  return {out, z_all};
+}
+
+std::tuple<at::Tensor, at::Tensor> stack_bwd_cuda(const at::Tensor& grad_out_in, const at::Tensor& out,
+                                                  const at::Tensor& z_all, const at::Tensor& alpha,
+                                                  const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw,
+                                                  int64_t lmax, int64_t focus_dim, bool apply_alpha,
+                                                  c10::string_view path) {
+  const Dims d = dims(lmax, focus_dim);
+  const int code = path_code(path);
+  // Autograd may hand in any layout (e.g. an expanded one): make it dense.
+  const at::Tensor grad_out = grad_out_in.to(out.scalar_type()).contiguous();
+  const auto [F, E, n] = check_backward(grad_out, out, z_all, alpha, w0, w1, gw, d);
+  at::Tensor grad_u0 = at::empty({F, E, d.row}, out.options());
+  at::Tensor grad_alpha = at::empty({E, F}, out.options());
+  if (E == 0) return {grad_u0, grad_alpha};
+  const c10::DeviceGuard guard(out.device());
+  const at::Tensor wt0 = blocks_t(w0), wt1 = blocks_t(w1), gwt = blocks_t(gw);
+  std::lock_guard<std::mutex> lock(g_mu);
+  Lib& l = lib_locked();
+  mixstack_stack* h = stack_for(l, out.device().index(), dtype_code(out), F, d.cf, d.L, n);
+  check(l.backward_w(h, E, grad_out.data_ptr(), out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
+                     alpha.data_ptr(), apply_alpha ? 1 : 0, wt0.data_ptr(), wt1.data_ptr(),
+                     gw.numel() ? gw.data_ptr() : nullptr, gwt.numel() ? gwt.data_ptr() : nullptr, grad_u0.data_ptr(),
+                     grad_alpha.data_ptr(), code, current_stream(out.device())),
+        l, "mixstack_backward_w");
+  char reason[256] = {0};
+  check(l.last_path(h, &g_last_code, reason, sizeof reason), l, "mixstack_last_path");
+  g_last_reason = reason;
+  return {grad_u0, grad_alpha};
+}
+
+// ---------------------------------------------------------------------
+// CPU: the reference math (docs/MIXING_STACK.md), batched over F
+// ---------------------------------------------------------------------
+
+at::Tensor silu_of(const at::Tensor& s) { return s * at::sigmoid(s); }
+
+std::tuple<at::Tensor, at::Tensor> stack_cpu(const at::Tensor& u0, const at::Tensor& alpha, const at::Tensor& w0,
+                                             const at::Tensor& w1, const at::Tensor& gw, int64_t lmax,
+                                             int64_t focus_dim, bool apply_alpha, c10::string_view path) {
+  const Dims d = dims(lmax, focus_dim);
+  path_code(path);
+  const auto [F, E, n] = check_forward(u0, alpha, w0, w1, gw, d);
+  at::Tensor u = u0;
+  std::vector<at::Tensor> zs;
+  for (int64_t k = 0; k + 1 < n; ++k) {
+    const at::Tensor z0 = at::bmm(u.narrow(2, 0, d.m0), w0[k]);
+    const at::Tensor z1 = at::bmm(u.narrow(2, d.m0, d.m1), w1[k]);
+    const at::Tensor s = z0.narrow(2, 0, d.cf);
+    const at::Tensor sig = at::sigmoid(at::bmm(s, gw[k]));
+    const at::Tensor act =
+        at::cat({silu_of(s), z0.narrow(2, d.cf, d.lg) * sig, z1 * at::cat({sig, sig}, -1)}, -1);
+    u = u + act;
+    zs.push_back(at::cat({z0, z1}, -1));
+  }
+  at::Tensor v = u + at::cat({at::bmm(u.narrow(2, 0, d.m0), w0[n - 1]), at::bmm(u.narrow(2, d.m0, d.m1), w1[n - 1])}, -1);
+  if (apply_alpha) v = v * alpha.t().unsqueeze(-1);
+  at::Tensor out = v.transpose(0, 1).contiguous();
+  at::Tensor z_all = zs.empty() ? at::empty({0, F, E, d.row}, u0.options()) : at::stack(zs, 0);
+  return {out, z_all};
+}
+
+std::tuple<at::Tensor, at::Tensor> stack_bwd_cpu(const at::Tensor& grad_out_in, const at::Tensor& out,
+                                                 const at::Tensor& z_all, const at::Tensor& alpha,
+                                                 const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw,
+                                                 int64_t lmax, int64_t focus_dim, bool apply_alpha,
+                                                 c10::string_view path) {
+  const Dims d = dims(lmax, focus_dim);
+  path_code(path);
+  const at::Tensor grad_out = grad_out_in.to(out.scalar_type()).contiguous();
+  const auto [F, E, n] = check_backward(grad_out, out, z_all, alpha, w0, w1, gw, d);
+  at::Tensor g = grad_out.transpose(0, 1);
+  at::Tensor grad_alpha;
+  if (apply_alpha) {
+    const at::Tensor a = alpha.t();
+    grad_alpha = ((g * out.transpose(0, 1)).sum(-1) / a.clamp_min(1e-12)).t().contiguous();
+    g = g * a.unsqueeze(-1);
+  } else {
+    grad_alpha = at::zeros_like(alpha);
+  }
+  auto back = [&](const at::Tensor& x, int64_t k) {
+    return at::cat({at::bmm(x.narrow(2, 0, d.m0), w0[k].transpose(1, 2)),
+                    at::bmm(x.narrow(2, d.m0, d.m1), w1[k].transpose(1, 2))},
+                   -1);
+  };
+  g = g + back(g, n - 1);
+  for (int64_t k = n - 2; k >= 0; --k) {
+    const at::Tensor z = z_all[k];
+    const at::Tensor s = z.narrow(2, 0, d.cf);
+    const at::Tensor sig = at::sigmoid(at::bmm(s, gw[k]));
+    const at::Tensor s0 = at::sigmoid(s);
+    at::Tensor gz_s = g.narrow(2, 0, d.cf) * s0 * (1 + s * (1 - s0));
+    // The three gated subtile groups, LG wide each: (m=0, l>=1), (m=-1), (m=+1).
+    const at::Tensor ga = g.narrow(2, d.cf, d.lg), gb = g.narrow(2, d.m0, d.lg), gc = g.narrow(2, d.m0 + d.lg, d.lg);
+    const at::Tensor za = z.narrow(2, d.cf, d.lg), zb = z.narrow(2, d.m0, d.lg), zc = z.narrow(2, d.m0 + d.lg, d.lg);
+    const at::Tensor g_logit = (ga * za + gb * zb + gc * zc) * sig * (1 - sig);
+    gz_s = gz_s + at::bmm(g_logit, gw[k].transpose(1, 2));
+    g = g + back(at::cat({gz_s, ga * sig, gb * sig, gc * sig}, -1), k);
+  }
+  return {g.contiguous(), grad_alpha};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------
+// registration
+// ---------------------------------------------------------------------
+
+TORCH_LIBRARY(mixstack, m) {
+  m.def(
+      "stack(Tensor u0, Tensor alpha, Tensor w0_all, Tensor w1_all, Tensor gw_all, int lmax, int focus_dim, "
+      "bool apply_alpha, str path) -> (Tensor, Tensor)");
+  m.def(
+      "stack_bwd(Tensor grad_out, Tensor out, Tensor z_all, Tensor alpha, Tensor w0_all, Tensor w1_all, "
+      "Tensor gw_all, int lmax, int focus_dim, bool apply_alpha, str path) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(mixstack, CUDA, m) {
+  m.impl("stack", &stack_cuda);
+  m.impl("stack_bwd", &stack_bwd_cuda);
+}
+
+TORCH_LIBRARY_IMPL(mixstack, CPU, m) {
+  m.impl("stack", &stack_cpu);
+  m.impl("stack_bwd", &stack_bwd_cpu);
+}
+
+// ---------------------------------------------------------------------
+// plain C entry points for the Python package (ctypes)
+// ---------------------------------------------------------------------
+
+// Exported (the library is built with -fvisibility=hidden).
+#define MIXSTACK_TORCH_API __attribute__((visibility("default")))
+
+extern "C" {
+
+// The libmixstack.so to open (before the first CUDA call; later calls
+// change nothing once it is open). Returns 0, or 1 if another is open.
+MIXSTACK_TORCH_API int mixstack_torch_set_library(const char* path) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_lib != nullptr) return g_lib->path == path ? 0 : 1;
+  g_lib_path = path;
+  return 0;
+}
+
+// The most recent backward's path (1 relay, 2 fused; 0 none yet) and why.
+MIXSTACK_TORCH_API int mixstack_torch_last_path(char* reason, size_t len) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (reason != nullptr && len > 0) {
+    std::strncpy(reason, g_last_reason.c_str(), len - 1);
+    reason[len - 1] = '\0';
+  }
+  return g_last_code;
+}
+
+// Destroys every handle (release_cached_memory first hands their pools
+// back); 0 or the first failing status.
+MIXSTACK_TORCH_API int mixstack_torch_clear_cache(int release_only) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_lib == nullptr) return 0;
+  int status = 0;
+  for (auto& [key, h] : g_stacks) {
+    if (release_only) {
+      const int s = g_lib->release_cached_memory(h);
+      if (status == 0) status = s;
+    } else {
+      g_lib->destroy(h);
+    }
+  }
+  if (!release_only) g_stacks.clear();
+  return status;
+}
+
+}  // extern "C"
