@@ -264,6 +264,34 @@ int dtype_code(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? MIX
 // The transposes the backward reads ((in, out) -> (out, in) per block).
 at::Tensor blocks_t(const at::Tensor& w) { return w.transpose(-1, -2).contiguous(); }
 
+// A call's checked arguments: its dims, path code and (F, E, n_layers).
+struct Call {
+  Dims d;
+  int path;
+  int64_t F, E, n;
+};
+
+Call forward_call(const at::Tensor& u0, const at::Tensor& alpha, const at::Tensor& w0, const at::Tensor& w1,
+                  const at::Tensor& gw, int64_t lmax, int64_t focus_dim, c10::string_view path) {
+  const Dims d = dims(lmax, focus_dim);
+  const int code = path_code(path);
+  const auto [F, E, n] = check_forward(u0, alpha, w0, w1, gw, d);
+  return {d, code, F, E, n};
+}
+
+// The backward's, with grad_out made dense: autograd may hand in any
+// layout (e.g. an expanded one).
+std::pair<Call, at::Tensor> backward_call(const at::Tensor& grad_out_in, const at::Tensor& out,
+                                          const at::Tensor& z_all, const at::Tensor& alpha, const at::Tensor& w0,
+                                          const at::Tensor& w1, const at::Tensor& gw, int64_t lmax,
+                                          int64_t focus_dim, c10::string_view path) {
+  const Dims d = dims(lmax, focus_dim);
+  const int code = path_code(path);
+  at::Tensor grad_out = grad_out_in.to(out.scalar_type()).contiguous();
+  const auto [F, E, n] = check_backward(grad_out, out, z_all, alpha, w0, w1, gw, d);
+  return {{d, code, F, E, n}, grad_out};
+}
+
 // ---------------------------------------------------------------------
 // CUDA: the C ABI
 // ---------------------------------------------------------------------
@@ -271,9 +299,7 @@ at::Tensor blocks_t(const at::Tensor& w) { return w.transpose(-1, -2).contiguous
 std::tuple<at::Tensor, at::Tensor> stack_cuda(const at::Tensor& u0, const at::Tensor& alpha, const at::Tensor& w0,
                                               const at::Tensor& w1, const at::Tensor& gw, int64_t lmax,
                                               int64_t focus_dim, bool apply_alpha, c10::string_view path) {
-  const Dims d = dims(lmax, focus_dim);
-  path_code(path);
-  const auto [F, E, n] = check_forward(u0, alpha, w0, w1, gw, d);
+  const auto [d, code, F, E, n] = forward_call(u0, alpha, w0, w1, gw, lmax, focus_dim, path);
   at::Tensor out = at::empty({E, F, d.row}, u0.options());
   at::Tensor z_all = at::empty({n - 1, F, E, d.row}, u0.options());
   if (E == 0) return {out, z_all};
@@ -293,11 +319,8 @@ std::tuple<at::Tensor, at::Tensor> stack_bwd_cuda(const at::Tensor& grad_out_in,
                                                   const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw,
                                                   int64_t lmax, int64_t focus_dim, bool apply_alpha,
                                                   c10::string_view path) {
-  const Dims d = dims(lmax, focus_dim);
-  const int code = path_code(path);
-  // Autograd may hand in any layout (e.g. an expanded one): make it dense.
-  const at::Tensor grad_out = grad_out_in.to(out.scalar_type()).contiguous();
-  const auto [F, E, n] = check_backward(grad_out, out, z_all, alpha, w0, w1, gw, d);
+  const auto [call, grad_out] = backward_call(grad_out_in, out, z_all, alpha, w0, w1, gw, lmax, focus_dim, path);
+  const auto [d, code, F, E, n] = call;
   at::Tensor grad_u0 = at::empty({F, E, d.row}, out.options());
   at::Tensor grad_alpha = at::empty({E, F}, out.options());
   if (E == 0) return {grad_u0, grad_alpha};
@@ -326,9 +349,7 @@ at::Tensor silu_of(const at::Tensor& s) { return s * at::sigmoid(s); }
 std::tuple<at::Tensor, at::Tensor> stack_cpu(const at::Tensor& u0, const at::Tensor& alpha, const at::Tensor& w0,
                                              const at::Tensor& w1, const at::Tensor& gw, int64_t lmax,
                                              int64_t focus_dim, bool apply_alpha, c10::string_view path) {
-  const Dims d = dims(lmax, focus_dim);
-  path_code(path);
-  const auto [F, E, n] = check_forward(u0, alpha, w0, w1, gw, d);
+  const auto [d, code, F, E, n] = forward_call(u0, alpha, w0, w1, gw, lmax, focus_dim, path);
   at::Tensor u = u0;
   std::vector<at::Tensor> zs;
   for (int64_t k = 0; k + 1 < n; ++k) {
@@ -353,10 +374,8 @@ std::tuple<at::Tensor, at::Tensor> stack_bwd_cpu(const at::Tensor& grad_out_in, 
                                                  const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw,
                                                  int64_t lmax, int64_t focus_dim, bool apply_alpha,
                                                  c10::string_view path) {
-  const Dims d = dims(lmax, focus_dim);
-  path_code(path);
-  const at::Tensor grad_out = grad_out_in.to(out.scalar_type()).contiguous();
-  const auto [F, E, n] = check_backward(grad_out, out, z_all, alpha, w0, w1, gw, d);
+  const auto [call, grad_out] = backward_call(grad_out_in, out, z_all, alpha, w0, w1, gw, lmax, focus_dim, path);
+  const auto [d, code, F, E, n] = call;
   at::Tensor g = grad_out.transpose(0, 1);
   at::Tensor grad_alpha;
   if (apply_alpha) {

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""The LAMMPS runs of scripts/lammps-on-device.sh, side by side: time per
+step (LAMMPS's loop time over the steps), total-energy drift over the run
+(per atom), and the first step's energy and forces against upstream's on one
+rank (forces: relative L2 over every atom, from the dumps).
+
+    python3 examples/lammps/summarize.py OUTDIR
+"""
+
+import glob
+import os
+import re
+import sys
+
+import numpy as np
+
+
+def thermo(log):
+    """(steps, atoms, loop seconds, [(step, pe, etotal)]) of a LAMMPS log."""
+    text = open(log).read()
+    loop = re.search(r"Loop time of ([0-9.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms", text)
+    rows, cols = [], None
+    for ln in text.splitlines():
+        parts = ln.split()
+        if parts[:2] == ["Step", "PotEng"]:
+            cols = parts
+            continue
+        if cols and len(parts) == len(cols):
+            try:
+                vals = [float(x) for x in parts]
+            except ValueError:
+                cols = None
+                continue
+            rows.append((int(vals[0]), vals[cols.index("PotEng")], vals[cols.index("TotEng")]))
+    if not loop:
+        return None
+    return int(loop.group(3)), int(loop.group(4)), float(loop.group(1)), rows
+
+
+def first_forces(dump):
+    lines = open(dump).read().splitlines()
+    n = int(lines[3])
+    rows = sorted((int(r.split()[0]), [float(x) for x in r.split()[2:5]]) for r in lines[9 : 9 + n])
+    return np.array([f for _, f in rows])
+
+
+def main(out):
+    ref = os.path.join(out, "forces_upstream_np1.dump")
+    f_ref = first_forces(ref) if os.path.exists(ref) else None
+    e_ref = None
+    print("| variant | ranks | ms / step | first-step energy (eV) | energy vs upstream np1 (rel) | forces vs upstream np1 (rel L2) | drift of etotal (eV / atom, whole run) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    def order(path):  # ranks, then upstream first (the reference)
+        variant, ranks = re.match(r"lmp_(\w+)_np(\d+)\.log", os.path.basename(path)).groups()
+        return int(ranks), variant != "upstream", variant
+
+    for log in sorted(glob.glob(os.path.join(out, "lmp_*_np*.log")), key=order):
+        variant, ranks = re.match(r"lmp_(\w+)_np(\d+)\.log", os.path.basename(log)).groups()
+        t = thermo(log)
+        if t is None:
+            print(f"| {variant} | {ranks} | failed: see {os.path.basename(log)}.out | | | | |")
+            continue
+        steps, atoms, loop_s, rows = t
+        e0 = rows[0][1]
+        if variant == "upstream" and ranks == "1":
+            e_ref = e0
+        drift = (rows[-1][2] - rows[0][2]) / atoms
+        dump = os.path.join(out, f"forces_{variant}_np{ranks}.dump")
+        frel = ""
+        if f_ref is not None and os.path.exists(dump):
+            f = first_forces(dump)
+            frel = f"{np.linalg.norm(f - f_ref) / max(np.linalg.norm(f_ref), 1e-300):.2e}"
+        erel = f"{abs(e0 - e_ref) / max(abs(e_ref), 1e-300):.2e}" if e_ref is not None else ""
+        print(f"| {variant} | {ranks} | {1000 * loop_s / steps:.2f} | {e0:.8f} | {erel} | {frel} | {drift:.3e} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

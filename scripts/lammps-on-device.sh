@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# On the GPU machine: a DPA4 model frozen with mixstack's op and with
+# upstream's, compared through DeePMD-kit's DeepPot, then run in LAMMPS
+# (pair_style deepmd) on one rank and two (examples/lammps/README.md).
+#   carry: [".device/bundle.tar.xz", ".whl"]   (scripts/stage-device.sh, scripts/stage-deepmd-wheels.sh)
+#   STEPS="setup model freeze-mixstack freeze-upstream compare lammps" (default: all, in order)
+#   LMP_STEPS=100  LMP_RANKS="1 2"
+# Work files stay in .device/lmp (kept between calls on a warm machine, so
+# the steps may run in separate calls); results and logs under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
+ROOT=$PWD
+if [ -f .device/bundle.tar.xz ] && [ ! -f .device/libmixstack.so ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
+if [ ! -d /tmp/site/deepmd ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix /tmp/mpich .whl/mpich-*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $(ls .whl/*.whl | grep -v '/mpich-') || exit 1
+fi
+mpich_site=$(ls -d /tmp/mpich/lib/python3*/site-packages)
+export PYTHONPATH=/tmp/site:$mpich_site:$ROOT/python
+export LD_LIBRARY_PATH=/tmp/mpich/lib:/tmp/site/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}
+export PATH=/tmp/site/bin:/tmp/mpich/bin:$PATH
+export MIXSTACK_LIB=$ROOT/.device/libmixstack.so MIXSTACK_TORCH_CACHE=$ROOT/.device/torch-ext PYTHONUNBUFFERED=1
+W=$ROOT/.device/lmp; mkdir -p "$W"; cd "$W" || exit 1
+EX=$ROOT/examples/lammps
+steps=${STEPS:-setup model freeze-mixstack freeze-upstream compare lammps}
+t() { local s=$SECONDS; "$@"; local rc=$?; echo "  [$1 ${2:-}: rc $rc, $((SECONDS - s)) s]"; return $rc; }
+
+for step in $steps; do
+  echo "== $step"
+  case $step in
+    setup)
+      nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+      du -sh "$ROOT/.whl" /tmp/site /tmp/mpich | tee "$OUT/sizes.txt"
+      t python3 -m mixstack_torch._ext > ext_path.txt && cat ext_path.txt
+      ldd /tmp/site/deepmd/lib/libdeepmd_op_pt.so | grep "not found"
+      which lmp mpirun ;;
+    model) t python3 "$EX/make_model.py" --atoms 648 2>&1 | grep -v OMP_NUM_THREADS ;;
+    freeze-mixstack) t python3 "$EX/freeze.py" --stack mixstack -o model_mixstack.pt2 > "$OUT/freeze_mixstack.log" 2>&1; tail -3 "$OUT/freeze_mixstack.log" ;;
+    freeze-upstream) t python3 "$EX/freeze.py" --stack upstream -o model_upstream.pt2 > "$OUT/freeze_upstream.log" 2>&1; tail -3 "$OUT/freeze_upstream.log" ;;
+    compare)
+      t python3 "$EX/compare.py" model_upstream.pt2 model_mixstack.pt2 --json "$OUT/compare.json" > "$OUT/compare.log" 2>&1
+      grep -v OMP_NUM_THREADS "$OUT/compare.log" | tail -6
+      # Without the op library the mixstack package must fail, naming the op.
+      python3 -c "from deepmd.infer import DeepPot; DeepPot('model_mixstack.pt2')" > "$OUT/without_op.log" 2>&1
+      echo "  without the op: rc $? $(grep -o 'Could not find schema for [a-z_:]*' "$OUT/without_op.log" | head -1)" ;;
+    lammps)
+      ext=$(cat ext_path.txt)
+      for ranks in ${LMP_RANKS:-1 2}; do
+        for variant in upstream relay fused; do
+          model=model_mixstack.pt2; fused=0
+          [ "$variant" = upstream ] && model=model_upstream.pt2
+          [ "$variant" = fused ] && fused=1
+          log="$OUT/lmp_${variant}_np${ranks}.log"
+          launch=(lmp); [ "$ranks" -gt 1 ] && launch=(mpirun -np "$ranks" lmp)
+          cp "$EX/in.lammps" .
+          (export DP_PLUGIN_PATH="$ext" MIXSTACK_STACK_BWD_FUSED=$fused
+           t "${launch[@]}" -in in.lammps -var model "$model" -var steps "${LMP_STEPS:-100}" -log "$log" \
+             > "$log.out" 2>&1)
+          echo "  $variant np $ranks: $(grep -m1 'Loop time' "$log")"
+          cp -f "forces_${model}.dump" "$OUT/forces_${variant}_np${ranks}.dump" 2>/dev/null
+        done
+      done
+      python3 "$EX/summarize.py" "$OUT" | tee "$OUT/lammps_summary.txt" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
