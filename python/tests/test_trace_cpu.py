@@ -243,6 +243,21 @@ def test_cpp_library_needs_no_python():
     assert not any("python" in x for x in libs), libs
 
 
+def test_handle_functions_without_a_gpu():
+    # The package's calls into libmixstack_torch.so's C entry points (ctypes
+    # signatures): nothing to report or free before a CUDA call.
+    import mixstack_torch as mt
+    from mixstack_torch import ops
+
+    assert mt.last_backward_path() is None
+    mt.release_cached_memory()
+    mt.clear_cache()
+    # the library the op library opens is the one this package loaded
+    assert ops._ext_lib.mixstack_torch_set_library(mt.library_path().encode()) == 0
+    assert ops._ext_lib.mixstack_torch_set_library(b"/elsewhere/libmixstack.so") == 0  # none open yet: replaced
+    assert ops._ext_lib.mixstack_torch_set_library(mt.library_path().encode()) == 0
+
+
 def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _runner import run
