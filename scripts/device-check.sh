@@ -52,7 +52,7 @@ if [ "${SWEEP:-0}" = 1 ]; then
   OUT=$OUT/r REPS="${SWEEP_REPS:-5}" timeout "${SWEEP_S:-240}" bash scripts/fused-sweep.sh | tee "$OUT/r/sweep.md"
 fi
 if [ "${PY:-1}" = 1 ]; then
-  OUT=$OUT/r timeout "${PY_S:-150}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"
+  OUT=$OUT/r timeout "${PY_S:-240}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"
   grep -E "^== |^FAIL|tests passed|FAILED|Error" "$OUT/r/python.out" | head -20
 fi
 if [ -n "${DEEPMD:-}" ]; then

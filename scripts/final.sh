@@ -25,5 +25,5 @@ bench cf64 --variant relay --variant fused
 if [ -f .device/old/bundle.tar.xz ]; then
   ROUNDS=1 timeout 120 bash scripts/ab.sh --preset seed --variant relay --variant fused --reps 8; echo "ab rc=$?"
 fi
-MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 90 python3 python/tests/test_torch_op.py --bench --repeats 5 > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -12 "$OUT/torch_op.log"
+MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext PYTHONPATH=$PWD/python python3 -m mixstack_torch._ext > /dev/null 2>&1; MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 90 python3 python/tests/test_torch_op.py --bench --repeats 5 > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -12 "$OUT/torch_op.log"
 cd "$OUT" && tar -czf /tmp/results.tar.gz ./* && rm -rf "$OUT"/* && mv /tmp/results.tar.gz "$OUT"/results.tar.gz

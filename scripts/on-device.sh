@@ -17,7 +17,10 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   echo "== verify"; .device/mixstack verify 2>&1 | tee "$OUT/verify.log" | tail -30
 fi
 if [ "$what" = all ] || [ "$what" = python ]; then
-  # the torch ops over the staged library: numerics, opcheck, compile/export, CUDA graphs; tracing; drop-in
+  # the torch ops over the staged library: numerics, opcheck, compile/export, CUDA graphs; tracing; drop-in.
+  # The ops' C++ library is built first, here, against this machine's torch (kept in .device/ while warm).
+  export MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext
+  echo "== libmixstack_torch.so"; PYTHONPATH=$PWD/python python3 -m mixstack_torch._ext 2>&1 | tail -3
   for t in python/tests/test_torch_op.py python/tests/test_trace_cpu.py python/tests/test_deepmd_dropin_cpu.py; do
     echo "== $t"; MIXSTACK_LIB=$PWD/.device/libmixstack.so PYTHONPATH=$PWD/python python3 "$t" 2>&1 | tee "$OUT/$(basename "$t" .py).log" | tail -40
   done

@@ -38,6 +38,6 @@ if [ -n "${NCU_K:-}" ] && command -v ncu >/dev/null; then
   grep -E "^  [a-z_]|Throughput|Warp Cycles|stalled|Occupancy|Registers|Duration|Block Limit|inst_executed|ffma|pipe_fma" "$OUT/ncu.log" | grep -v "^ *-" | head -120
 fi
 if [ "${TORCH:-0}" = 1 ]; then
-  MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 90 python3 python/tests/test_torch_op.py --bench --repeats 5 > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -12 "$OUT/torch_op.log"
+  MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext PYTHONPATH=$PWD/python python3 -m mixstack_torch._ext > /dev/null 2>&1; MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext MIXSTACK_LIB=$PWD/.device/libmixstack.so timeout 90 python3 python/tests/test_torch_op.py --bench --repeats 5 > "$OUT/torch_op.log" 2>&1; echo "torch rc=$?"; tail -12 "$OUT/torch_op.log"
 fi
 cd "$OUT" && tar -czf /tmp/results.tar.gz ./* && rm -rf "$OUT"/* && mv /tmp/results.tar.gz "$OUT"/results.tar.gz

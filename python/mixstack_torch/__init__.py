@@ -20,6 +20,19 @@ except ImportError:  # the library loads without torch; the op needs it
     torch = None
 
 if torch is not None:
-    from .ops import clear_cache, last_backward_path, mixstack_stack, release_cached_memory
+    try:
+        from .ops import clear_cache, last_backward_path, mixstack_stack, release_cached_memory
+    except Exception as _e:  # noqa: BLE001  (DeePMD-kit imports this through its plugins: never stop it)
+        # The ops' C++ library could not be built or loaded (no compiler,
+        # another torch): the library part above still works; the ops say why.
+        import warnings
+
+        warnings.warn(f"mixstack_torch: the ops are unavailable: {_e}", stacklevel=2)
+        _ops_error = _e
+
+        def _unavailable(*_args, **_kwargs):
+            raise ImportError(f"mixstack_torch: the ops are unavailable: {_ops_error}") from _ops_error
+
+        clear_cache = last_backward_path = mixstack_stack = release_cached_memory = _unavailable
 
     __all__ += ["mixstack_stack", "last_backward_path", "clear_cache", "release_cached_memory"]

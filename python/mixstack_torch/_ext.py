@@ -33,12 +33,17 @@ def header_dir():
     raise FileNotFoundError("mixstack.h: neither in the package (include/) nor in the repository's include/")
 
 
+def _stamp(torch):
+    """The torch a build is for (its version and C++ ABI), written beside it."""
+    return f"{torch.__version__} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+
+
 def _key(torch):
     h = hashlib.sha256()
     for p in (SOURCE, os.path.join(header_dir(), "mixstack.h")):
         with open(p, "rb") as f:
             h.update(f.read())
-    h.update(f"{torch.__version__} {torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
+    h.update(_stamp(torch).encode())
     return h.hexdigest()[:16]
 
 
@@ -58,24 +63,34 @@ def build(out_dir):
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-I", header_dir()]
     for d in cpp_extension.include_paths():
         cmd += ["-isystem", d]
-    cmd += [SOURCE, "-o", out + ".tmp"]
+    tmp = f"{out}.{os.getpid()}.tmp"  # builds in parallel (ranks, test workers) do not share it
+    cmd += [SOURCE, "-o", tmp]
     for d in libs:
         cmd += ["-L", d, f"-Wl,-rpath,{d}"]
     cmd += ["-lc10", "-ltorch", "-ltorch_cpu", "-ldl"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"mixstack_torch: building {LIB_NAME} failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
-    os.replace(out + ".tmp", out)
+    with open(tmp + ".torch", "w") as f:
+        f.write(_stamp(torch) + "\n")
+    os.replace(tmp + ".torch", out + ".torch")
+    os.replace(tmp, out)
     return out
 
 
 def library_path(build_missing=True):
-    """The libmixstack_torch.so to load: the package's (built at install), or
-    the cached build for this torch and source (built now if missing)."""
-    packaged = os.path.join(_HERE, LIB_NAME)
-    if os.path.isfile(packaged):
-        return packaged
+    """The libmixstack_torch.so to load: the package's (built at install) if
+    built for this torch, else the cached build for this torch and source
+    (built now if missing)."""
     import torch
+
+    packaged = os.path.join(_HERE, LIB_NAME)
+    try:
+        with open(packaged + ".torch") as f:
+            if f.read().strip() == _stamp(torch):
+                return packaged
+    except OSError:
+        pass
 
     cache = os.environ.get("MIXSTACK_TORCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mixstack_torch")
     d = os.path.join(cache, _key(torch))

@@ -51,7 +51,9 @@ def _candidates():
     repo = os.path.dirname(os.path.dirname(here))  # python/mixstack_torch -> repo
     # `pip install` puts the library in the package under an extension name
     # (libmixstack.cpython-311-x86_64-linux-gnu.so).
-    yield from sorted(glob.glob(os.path.join(here, "libmixstack*.so")))
+    # (Not libmixstack_torch.so, the ops' library beside it.)
+    yield os.path.join(here, LIB_NAME)
+    yield from sorted(glob.glob(os.path.join(here, "libmixstack.cpython*.so")))
     yield os.path.join(repo, ".device", LIB_NAME)
     yield os.path.join(repo, "target", "release", LIB_NAME)
 

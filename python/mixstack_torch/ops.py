@@ -151,11 +151,13 @@ def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alp
     ``sum(grad_out * out) / max(alpha, 1e-12)`` as upstream, i.e. exact for
     alpha > 0, and zeros when ``apply_alpha`` is false.
 
-    Refused with ValueError (mixstack does not fall back or copy): CPU
-    tensors, tensors on different devices or of different dtypes, dtypes
-    other than float32/float64, non-contiguous tensors, shapes that do not
-    match, and shapes outside the build (Cf, lmax, F the kernels were not
-    generated for).
+    Tensors all on the CPU run the CPU kernel (the reference math: what
+    export and freezing trace through; not meant to be fast). Refused with
+    ValueError (mixstack does not fall back or copy): tensors on different
+    devices or of different dtypes, dtypes other than float32/float64,
+    non-contiguous tensors, shapes that do not match, and shapes outside the
+    build (Cf, lmax, F the kernels were not generated for). Failures of the
+    library itself (the driver, a missing libmixstack.so) raise RuntimeError.
     """
     try:
         lmax, focus_dim = operator.index(lmax), operator.index(focus_dim)

@@ -560,6 +560,7 @@ TESTS = [
     test_relay_fused_bitwise,
     test_auto_path_reads_env,
     test_refusals,
+    test_cpu_kernel_agrees_with_the_cuda_kernel,
     test_weights_get_no_gradient,
     test_in_place_weight_updates_are_seen,
     test_empty_edges,

@@ -22,6 +22,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "mixstack.h"
@@ -41,22 +43,23 @@ namespace {
 // libmixstack.so, opened once
 // ---------------------------------------------------------------------
 
+// The C ABI's functions, typed from the header.
 struct Lib {
-  int (*abi_version)();
-  const char* (*last_error)();
-  int (*create_borrowing)(int, int, int64_t, int64_t, int64_t, int64_t, mixstack_stack**);
-  int (*forward_w)(mixstack_stack*, int64_t, const void*, const void*, int, const void*, const void*,
-                   const void*, void*, void*, void*);
-  int (*backward_w)(mixstack_stack*, int64_t, const void*, const void*, const void*, const void*, int,
-                    const void*, const void*, const void*, const void*, void*, void*, int, void*);
-  int (*last_path)(const mixstack_stack*, int*, char*, size_t);
-  int (*release_cached_memory)(mixstack_stack*);
-  void (*destroy)(mixstack_stack*);
+  decltype(&::mixstack_abi_version) abi_version;
+  decltype(&::mixstack_last_error) last_error;
+  decltype(&::mixstack_stack_create_borrowing) create_borrowing;
+  decltype(&::mixstack_forward_w) forward_w;
+  decltype(&::mixstack_backward_w) backward_w;
+  decltype(&::mixstack_last_path) last_path;
+  decltype(&::mixstack_release_cached_memory) release_cached_memory;
+  decltype(&::mixstack_stack_destroy) destroy;
   std::string path;
 };
 
-std::mutex g_mu;          // guards everything below
-std::string g_lib_path;   // set by mixstack_torch_set_library
+// Guards the library, the handle map and the last path; never held during
+// a C call that launches or waits (the C ABI's handles are thread-safe).
+std::mutex g_mu;
+std::string g_lib_path;  // set by mixstack_torch_set_library
 Lib* g_lib = nullptr;
 
 std::string dir_of_this_library() {
@@ -67,13 +70,16 @@ std::string dir_of_this_library() {
   return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 std::vector<std::string> candidates() {
   if (!g_lib_path.empty()) return {g_lib_path};
   if (const char* env = std::getenv("MIXSTACK_LIB"); env != nullptr && *env != '\0') {
-    std::string e = env;
-    // A directory (ends with '/', or names no .so file): the library in it.
-    if (e.back() == '/' || e.size() < 3 || e.compare(e.size() - 3, 3, ".so") != 0) return {e + "/libmixstack.so"};
-    return {e};
+    const std::string e = env;
+    return {is_dir(e) ? e + "/libmixstack.so" : e};
   }
   // Beside this library: libmixstack.so, or the name `pip install` gives it
   // as an extension (libmixstack.cpython-...so).
@@ -83,8 +89,7 @@ std::vector<std::string> candidates() {
     std::vector<std::string> named;
     while (const dirent* ent = readdir(dir)) {
       const std::string f = ent->d_name;
-      if (f.rfind("libmixstack.", 0) == 0 && f != "libmixstack.so" && f.size() > 3 &&
-          f.compare(f.size() - 3, 3, ".so") == 0) {
+      if (f.rfind("libmixstack.cpython", 0) == 0 && f.size() > 3 && f.compare(f.size() - 3, 3, ".so") == 0) {
         named.push_back(here + "/" + f);
       }
     }
@@ -95,10 +100,37 @@ std::vector<std::string> candidates() {
   return out;
 }
 
-template <typename F>
-void sym(void* h, const char* name, F& f, const std::string& path) {
-  f = reinterpret_cast<F>(dlsym(h, name));
-  TORCH_CHECK(f != nullptr, "mixstack: ", path, " has no symbol ", name);
+std::string dl_error() {
+  const char* e = dlerror();
+  return e != nullptr ? e : "unknown error";
+}
+
+// The C ABI of the library at path, or why not (h is closed then).
+std::string open_lib(const std::string& path, Lib& l) {
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) return dl_error();
+  std::string missing;
+  auto sym = [&](const char* name, auto& f) {
+    f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(h, name));
+    if (f == nullptr) missing += std::string(missing.empty() ? "" : ", ") + name;
+  };
+  sym("mixstack_abi_version", l.abi_version);
+  sym("mixstack_last_error", l.last_error);
+  sym("mixstack_stack_create_borrowing", l.create_borrowing);
+  sym("mixstack_forward_w", l.forward_w);
+  sym("mixstack_backward_w", l.backward_w);
+  sym("mixstack_last_path", l.last_path);
+  sym("mixstack_release_cached_memory", l.release_cached_memory);
+  sym("mixstack_stack_destroy", l.destroy);
+  std::string why;
+  if (!missing.empty()) {
+    why = "no symbol " + missing;
+  } else if (const int v = l.abi_version(); v != MIXSTACK_ABI_VERSION) {
+    why = "ABI version " + std::to_string(v) + ", this op was built for " + std::to_string(MIXSTACK_ABI_VERSION);
+  }
+  if (!why.empty()) dlclose(h);
+  l.path = path;
+  return why;
 }
 
 // The library (opened on first use); callers hold g_mu.
@@ -106,29 +138,32 @@ Lib& lib_locked() {
   if (g_lib != nullptr) return *g_lib;
   std::string tried;
   for (const auto& p : candidates()) {
-    void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      tried += "\n  " + p + ": " + dlerror();
-      continue;
+    Lib l{};
+    const std::string why = open_lib(p, l);
+    if (why.empty()) {
+      g_lib = new Lib(l);  // for the process's lifetime
+      return *g_lib;
     }
-    auto* l = new Lib{};
-    l->path = p;
-    sym(h, "mixstack_abi_version", l->abi_version, p);
-    sym(h, "mixstack_last_error", l->last_error, p);
-    sym(h, "mixstack_stack_create_borrowing", l->create_borrowing, p);
-    sym(h, "mixstack_forward_w", l->forward_w, p);
-    sym(h, "mixstack_backward_w", l->backward_w, p);
-    sym(h, "mixstack_last_path", l->last_path, p);
-    sym(h, "mixstack_release_cached_memory", l->release_cached_memory, p);
-    sym(h, "mixstack_stack_destroy", l->destroy, p);
-    const int v = l->abi_version();
-    TORCH_CHECK(v == MIXSTACK_ABI_VERSION, "mixstack: ", p, " has ABI version ", v, ", this op was built for ",
-                MIXSTACK_ABI_VERSION);
-    g_lib = l;
-    return *l;
+    tried += "\n  " + p + ": " + why;
   }
   TORCH_CHECK(false, "mixstack: libmixstack.so could not be opened (set MIXSTACK_LIB to the file or its directory); tried:",
               tried);
+}
+
+// A shape's first call creates its handle, which allocates: inside a CUDA
+// graph capture that would invalidate the capture. Refuse it plainly (the
+// driver's cuStreamIsCapturing, from the libcuda the process has loaded).
+void refuse_capture(void* stream) {
+  using IsCapturing = int (*)(void*, int*);
+  static const IsCapturing is_capturing = [] {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return h != nullptr ? reinterpret_cast<IsCapturing>(dlsym(h, "cuStreamIsCapturing")) : nullptr;
+  }();
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  if (is_capturing != nullptr && is_capturing(stream, &status) == 0) {
+    TORCH_CHECK(status == 0, "mixstack: the first call for this shape is inside a CUDA graph capture; run it once ",
+                "before capturing (creating the handle allocates and may synchronise)");
+  }
 }
 
 // A failed C call: ValueError for what the caller got wrong, RuntimeError otherwise.
@@ -158,13 +193,18 @@ std::map<Key, mixstack_stack*> g_stacks;
 int g_last_code = 0;  // the most recent backward's path (1 relay, 2 fused) and why
 std::string g_last_reason;
 
-mixstack_stack* stack_for(const Lib& l, int device, int dtype, int64_t F, int64_t cf, int64_t lmax, int64_t n) {
+// The library and the handle for this call's shape (made on first use).
+std::pair<const Lib*, mixstack_stack*> stack_for(int device, int dtype, int64_t F, int64_t cf, int64_t lmax, int64_t n,
+                                                 void* stream) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Lib& l = lib_locked();
   const Key key{device, dtype, F, cf, lmax, n};
-  if (auto it = g_stacks.find(key); it != g_stacks.end()) return it->second;
+  if (auto it = g_stacks.find(key); it != g_stacks.end()) return {&l, it->second};
+  refuse_capture(stream);
   mixstack_stack* h = nullptr;
   check(l.create_borrowing(dtype, device, F, cf, lmax, n, &h), l, "mixstack_stack_create_borrowing");
   g_stacks.emplace(key, h);
-  return h;
+  return {&l, h};
 }
 
 void* current_stream(const at::Device& d) {
@@ -304,13 +344,12 @@ std::tuple<at::Tensor, at::Tensor> stack_cuda(const at::Tensor& u0, const at::Te
   at::Tensor z_all = at::empty({n - 1, F, E, d.row}, u0.options());
   if (E == 0) return {out, z_all};
   const c10::DeviceGuard guard(u0.device());
-  std::lock_guard<std::mutex> lock(g_mu);
-  Lib& l = lib_locked();
-  mixstack_stack* h = stack_for(l, u0.device().index(), dtype_code(u0), F, d.cf, d.L, n);
-  check(l.forward_w(h, E, u0.data_ptr(), alpha.data_ptr(), apply_alpha ? 1 : 0, w0.data_ptr(), w1.data_ptr(),
-                    gw.numel() ? gw.data_ptr() : nullptr, out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
-                    current_stream(u0.device())),
-        l, "mixstack_forward_w");
+  void* stream = current_stream(u0.device());
+  const auto [l, h] = stack_for(u0.device().index(), dtype_code(u0), F, d.cf, d.L, n, stream);
+  check(l->forward_w(h, E, u0.data_ptr(), alpha.data_ptr(), apply_alpha ? 1 : 0, w0.data_ptr(), w1.data_ptr(),
+                     gw.numel() ? gw.data_ptr() : nullptr, out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
+                     stream),
+        *l, "mixstack_forward_w");
   return {out, z_all};
 }
 
@@ -326,17 +365,22 @@ std::tuple<at::Tensor, at::Tensor> stack_bwd_cuda(const at::Tensor& grad_out_in,
   if (E == 0) return {grad_u0, grad_alpha};
   const c10::DeviceGuard guard(out.device());
   const at::Tensor wt0 = blocks_t(w0), wt1 = blocks_t(w1), gwt = blocks_t(gw);
-  std::lock_guard<std::mutex> lock(g_mu);
-  Lib& l = lib_locked();
-  mixstack_stack* h = stack_for(l, out.device().index(), dtype_code(out), F, d.cf, d.L, n);
-  check(l.backward_w(h, E, grad_out.data_ptr(), out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
-                     alpha.data_ptr(), apply_alpha ? 1 : 0, wt0.data_ptr(), wt1.data_ptr(),
-                     gw.numel() ? gw.data_ptr() : nullptr, gwt.numel() ? gwt.data_ptr() : nullptr, grad_u0.data_ptr(),
-                     grad_alpha.data_ptr(), code, current_stream(out.device())),
-        l, "mixstack_backward_w");
+  void* stream = current_stream(out.device());
+  const auto [l, h] = stack_for(out.device().index(), dtype_code(out), F, d.cf, d.L, n, stream);
+  check(l->backward_w(h, E, grad_out.data_ptr(), out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
+                      alpha.data_ptr(), apply_alpha ? 1 : 0, wt0.data_ptr(), wt1.data_ptr(),
+                      gw.numel() ? gw.data_ptr() : nullptr, gwt.numel() ? gwt.data_ptr() : nullptr, grad_u0.data_ptr(),
+                      grad_alpha.data_ptr(), code, stream),
+        *l, "mixstack_backward_w");
+  // Which path ran, for last_backward_path(); the work is enqueued already,
+  // so a failure here only leaves the record as it was.
+  int path_ran = 0;
   char reason[256] = {0};
-  check(l.last_path(h, &g_last_code, reason, sizeof reason), l, "mixstack_last_path");
-  g_last_reason = reason;
+  if (l->last_path(h, &path_ran, reason, sizeof reason) == MIXSTACK_OK) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_last_code = path_ran;
+    g_last_reason = reason;
+  }
   return {grad_u0, grad_alpha};
 }
 
@@ -385,9 +429,9 @@ std::tuple<at::Tensor, at::Tensor> stack_bwd_cpu(const at::Tensor& grad_out_in, 
   } else {
     grad_alpha = at::zeros_like(alpha);
   }
+  const int64_t m0 = d.m0, m1 = d.m1;  // (a lambda may not capture structured bindings before C++20)
   auto back = [&](const at::Tensor& x, int64_t k) {
-    return at::cat({at::bmm(x.narrow(2, 0, d.m0), w0[k].transpose(1, 2)),
-                    at::bmm(x.narrow(2, d.m0, d.m1), w1[k].transpose(1, 2))},
+    return at::cat({at::bmm(x.narrow(2, 0, m0), w0[k].transpose(1, 2)), at::bmm(x.narrow(2, m0, m1), w1[k].transpose(1, 2))},
                    -1);
   };
   g = g + back(g, n - 1);
@@ -416,10 +460,12 @@ std::tuple<at::Tensor, at::Tensor> stack_bwd_cpu(const at::Tensor& grad_out_in, 
 TORCH_LIBRARY(mixstack, m) {
   m.def(
       "stack(Tensor u0, Tensor alpha, Tensor w0_all, Tensor w1_all, Tensor gw_all, int lmax, int focus_dim, "
-      "bool apply_alpha, str path) -> (Tensor, Tensor)");
+      "bool apply_alpha, str path) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
   m.def(
       "stack_bwd(Tensor grad_out, Tensor out, Tensor z_all, Tensor alpha, Tensor w0_all, Tensor w1_all, "
-      "Tensor gw_all, int lmax, int focus_dim, bool apply_alpha, str path) -> (Tensor, Tensor)");
+      "Tensor gw_all, int lmax, int focus_dim, bool apply_alpha, str path) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(mixstack, CUDA, m) {
@@ -442,16 +488,22 @@ TORCH_LIBRARY_IMPL(mixstack, CPU, m) {
 extern "C" {
 
 // The libmixstack.so to open (before the first CUDA call; later calls
-// change nothing once it is open). Returns 0, or 1 if another is open.
-MIXSTACK_TORCH_API int mixstack_torch_set_library(const char* path) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (g_lib != nullptr) return g_lib->path == path ? 0 : 1;
-  g_lib_path = path;
-  return 0;
+// change nothing once it is open). Returns 0, or 1 if another is open or
+// path is NULL.
+MIXSTACK_TORCH_API int mixstack_torch_set_library(const char* path) noexcept {
+  if (path == nullptr) return 1;
+  try {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_lib != nullptr) return g_lib->path == path ? 0 : 1;
+    g_lib_path = path;
+    return 0;
+  } catch (...) {
+    return 1;
+  }
 }
 
 // The most recent backward's path (1 relay, 2 fused; 0 none yet) and why.
-MIXSTACK_TORCH_API int mixstack_torch_last_path(char* reason, size_t len) {
+MIXSTACK_TORCH_API int mixstack_torch_last_path(char* reason, size_t len) noexcept {
   std::lock_guard<std::mutex> lock(g_mu);
   if (reason != nullptr && len > 0) {
     std::strncpy(reason, g_last_reason.c_str(), len - 1);
@@ -460,22 +512,32 @@ MIXSTACK_TORCH_API int mixstack_torch_last_path(char* reason, size_t len) {
   return g_last_code;
 }
 
-// Destroys every handle (release_cached_memory first hands their pools
-// back); 0 or the first failing status.
-MIXSTACK_TORCH_API int mixstack_torch_clear_cache(int release_only) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (g_lib == nullptr) return 0;
-  int status = 0;
-  for (auto& [key, h] : g_stacks) {
-    if (release_only) {
-      const int s = g_lib->release_cached_memory(h);
-      if (status == 0) status = s;
-    } else {
-      g_lib->destroy(h);
+// release_only: hands every handle's cached scratch back to the device;
+// else destroys every handle (the next call makes them again). 0, or the
+// status of the last failing call (its message: mixstack_last_error()).
+MIXSTACK_TORCH_API int mixstack_torch_clear_cache(int release_only) noexcept {
+  try {
+    const Lib* l = nullptr;
+    std::vector<mixstack_stack*> handles;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (g_lib == nullptr) return 0;
+      l = g_lib;
+      for (const auto& kv : g_stacks) handles.push_back(kv.second);
+      if (!release_only) g_stacks.clear();
     }
+    int status = 0;
+    for (mixstack_stack* h : handles) {
+      if (release_only) {
+        if (const int s = l->release_cached_memory(h); s != MIXSTACK_OK) status = s;
+      } else {
+        l->destroy(h);
+      }
+    }
+    return status;
+  } catch (...) {
+    return MIXSTACK_ERR_INTERNAL;
   }
-  if (!release_only) g_stacks.clear();
-  return status;
 }
 
 }  // extern "C"
