@@ -10,7 +10,9 @@
 # lmax sweep (scripts/fused-sweep.sh), TUNE="seed" mixstack tune --write and
 # its winners against the defaults (scripts/tune-check.sh), PROBE=1 a short fused bench first
 # that ends the call if it fails, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
-# carry .whl too, scripts/stage-deepmd-wheels.sh). Prints a
+# carry .whl too, scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
+# handover variants of bench/runs/run87/arrive_next.cu under racecheck (the
+# ws kernels' report, BENCH.md runs 83-87). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
@@ -25,6 +27,12 @@ if [ "${PROBE:-0}" = 1 ]; then
   timeout 60 .device/mixstack bench --preset seed --reps 2 --variant relay --variant fused > "$OUT/r/probe.out" 2>&1
   rc=$?; echo "probe rc=$rc"; grep -vE "^    " "$OUT/r/probe.out" | tail -8
   if [ $rc != 0 ]; then tar -C "$OUT/r" -czf "$OUT/results.tar.gz" .; exit 1; fi
+fi
+if [ "${RACE_REPRO:-0}" = 1 ]; then
+  # 0 must be clean and 2 must report; 3-6 are the ws kernels' differences
+  nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6; do
+    echo "race repro mode $m: $(compute-sanitizer --tool racecheck "$OUT/r/arrive" $m 2>&1 | grep -E 'RACECHECK SUMMARY')"
+  done | tee "$OUT/r/race_repro.txt"
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${TESTS_S:-300}" bash scripts/on-device.sh tests > "$OUT/r/tests.out" 2>&1; echo "tests rc=$?"
