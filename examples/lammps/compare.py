@@ -45,17 +45,18 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     coord, box, atype = read_data(a.data)
-    runs = []
+    runs = []  # (model, backward variant or None, energy, forces)
     for path in a.models:
         if "mixstack" in os.path.basename(path):
-            for fused in ("0", "1"):
+            for variant, fused in (("relay", "0"), ("fused", "1")):
                 os.environ["MIXSTACK_STACK_BWD_FUSED"] = fused
-                runs.append((f"{path} ({'fused' if fused == '1' else 'relay'})", *evaluate(path, coord, box, atype)))
+                runs.append((path, variant, *evaluate(path, coord, box, atype)))
         else:
-            runs.append((path, *evaluate(path, coord, box, atype)))
-    name0, e0, f0 = runs[0]
+            runs.append((path, None, *evaluate(path, coord, box, atype)))
+    name0, _, e0, f0 = runs[0]
     out = []
-    for name, e, f in runs:
+    for path, variant, e, f in runs:
+        name = f"{path} ({variant})" if variant else path
         row = {
             "model": name,
             "energy": float(e[0]),
@@ -66,11 +67,12 @@ def main():
         out.append(row)
         print(f"{name}: energy {row['energy']:.10f} (rel {row['energy_rel']:.2e} vs {name0}), "
               f"forces rel L2 {row['force_rel_l2']:.2e}, |F| {row['force_norm']:.6f}")
-    pairs = [(r1, r2) for r1 in runs for r2 in runs if r1[0].endswith("(relay)") and r2[0] == r1[0][:-7] + "(fused)"]
-    for (n1, e1, f1), (_n2, e2, f2) in pairs:
+    by_variant = {(path, variant): (e, f) for path, variant, e, f in runs}
+    for path in dict.fromkeys(p for p, v, _, _ in runs if v):
+        (e1, f1), (e2, f2) = by_variant[path, "relay"], by_variant[path, "fused"]
         same = bool(np.array_equal(f1, f2) and np.array_equal(e1, e2))
-        print(f"{n1[:-8]}: relay vs fused energy and forces bitwise {'EQUAL' if same else 'DIFFERENT'}")
-        out.append({"model": n1[:-8], "relay_fused_bitwise": same})
+        print(f"{path}: relay vs fused energy and forces bitwise {'EQUAL' if same else 'DIFFERENT'}")
+        out.append({"model": path, "relay_fused_bitwise": same})
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -50,12 +50,15 @@ def main(out):
     e_ref = None
     print("| variant | ranks | ms / step | first-step energy (eV) | energy vs upstream np1 (rel) | forces vs upstream np1 (rel L2) | drift of etotal (eV / atom, whole run) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    def order(path):  # ranks, then upstream first (the reference)
+    def run_of(path):  # (variant, ranks) of lmp_VARIANT_npN.log
         variant, ranks = re.match(r"lmp_(\w+)_np(\d+)\.log", os.path.basename(path)).groups()
-        return int(ranks), variant != "upstream", variant
+        return variant, ranks
 
-    for log in sorted(glob.glob(os.path.join(out, "lmp_*_np*.log")), key=order):
-        variant, ranks = re.match(r"lmp_(\w+)_np(\d+)\.log", os.path.basename(log)).groups()
+    # ranks, then upstream first (the reference)
+    logs = sorted(glob.glob(os.path.join(out, "lmp_*_np*.log")),
+                  key=lambda p: (int(run_of(p)[1]), run_of(p)[0] != "upstream", run_of(p)[0]))
+    for log in logs:
+        variant, ranks = run_of(log)
         t = thermo(log)
         if t is None:
             print(f"| {variant} | {ranks} | failed: see {os.path.basename(log)}.out | | | | |")

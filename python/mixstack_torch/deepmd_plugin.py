@@ -3,12 +3,6 @@
 PyTorch backend; installs the mixstack drop-in if ``MIXSTACK_DEEPMD`` asks for
 it (mixstack_torch.deepmd)."""
 
-import os
+from .deepmd import from_environment
 
-# With the switch unset this does nothing more than import the package, whose
-# failure to load the ops' library is a warning (__init__.py), never an
-# error that would stop DeePMD-kit's import.
-if os.environ.get("MIXSTACK_DEEPMD", "").strip():
-    from .deepmd import from_environment
-
-    from_environment()
+from_environment()

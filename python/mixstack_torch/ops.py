@@ -19,7 +19,6 @@ dtype, F, Cf, lmax, n_layers) holds the kernels and the scratch pool.
 
 import ctypes
 import operator
-import threading
 
 import torch
 
@@ -31,37 +30,28 @@ from ._lib import _PATH_NAMES, PATHS, MixstackError, _check, _load
 # the C++ registration (libmixstack_torch.so, csrc/mixstack_op.cpp)
 # ----------------------------------------------------------------------
 
-_ext_lock = threading.Lock()
-_ext_lib = None
-
-
 def _load_ext():
-    """Loads libmixstack_torch.so once (which defines the ops and their CPU
-    and CUDA kernels) and points it at the libmixstack.so this package
-    loads, where there is one (the CPU kernels need none)."""
-    global _ext_lib
-    with _ext_lock:
-        if _ext_lib is not None:
-            return _ext_lib
-        path = _ext.library_path()
-        torch.ops.load_library(path)
-        lib = ctypes.CDLL(path)
-        lib.mixstack_torch_set_library.argtypes = [ctypes.c_char_p]
-        lib.mixstack_torch_last_path.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.mixstack_torch_clear_cache.argtypes = [ctypes.c_int]
-        try:
-            _load()
-        except OSError:
-            pass  # no libmixstack.so: the CUDA kernels say so when called
-        else:
-            here = _libmod.library_path()
-            if lib.mixstack_torch_set_library(here.encode()) != 0:
-                raise MixstackError(f"mixstack: libmixstack_torch.so has another libmixstack.so open than {here}")
-        _ext_lib = lib
-        return lib
+    """Loads libmixstack_torch.so (which defines the ops and their CPU and
+    CUDA kernels) and points it at the libmixstack.so this package loads,
+    where there is one (the CPU kernels need none)."""
+    path = _ext.library_path()
+    torch.ops.load_library(path)
+    lib = ctypes.CDLL(path)
+    lib.mixstack_torch_set_library.argtypes = [ctypes.c_char_p]
+    lib.mixstack_torch_last_path.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.mixstack_torch_clear_cache.argtypes = [ctypes.c_int]
+    try:
+        _load()
+    except OSError:
+        return lib  # no libmixstack.so: the CUDA kernels say so when called
+    here = _libmod.library_path()
+    if lib.mixstack_torch_set_library(here.encode()) != 0:
+        raise MixstackError(f"mixstack: libmixstack_torch.so has another libmixstack.so open than {here}")
+    return lib
 
 
-_load_ext()
+# Once, at import (a module runs once).
+_ext_lib = _load_ext()
 stack = torch.ops.mixstack.stack
 stack_bwd = torch.ops.mixstack.stack_bwd
 

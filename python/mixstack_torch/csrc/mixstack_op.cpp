@@ -264,41 +264,6 @@ int64_t weights(const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw
   return n;
 }
 
-// (F, E, n_layers) of a forward call.
-std::tuple<int64_t, int64_t, int64_t> check_forward(const at::Tensor& u0, const at::Tensor& alpha,
-                                                    const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw,
-                                                    const Dims& d) {
-  same_kind({{"u0", &u0}, {"alpha", &alpha}, {"w0_all", &w0}, {"w1_all", &w1}, {"gw_all", &gw}});
-  TORCH_CHECK_VALUE(u0.dim() == 3, "mixstack_stack: u0 must be (F, E, ROW), got ", u0.sizes());
-  const int64_t F = u0.size(0), E = u0.size(1);
-  TORCH_CHECK_VALUE(u0.size(2) == d.row, "mixstack_stack: u0 has ", u0.size(2),
-                    " columns, expected ROW = (3*lmax+1)*focus_dim = ", d.row);
-  TORCH_CHECK_VALUE(F >= 1, "mixstack_stack: u0 has F = 0 focus streams");
-  shape_is("alpha", alpha, {E, F});
-  return {F, E, weights(w0, w1, gw, F, d)};
-}
-
-std::tuple<int64_t, int64_t, int64_t> check_backward(const at::Tensor& grad_out, const at::Tensor& out,
-                                                     const at::Tensor& z_all, const at::Tensor& alpha,
-                                                     const at::Tensor& w0, const at::Tensor& w1,
-                                                     const at::Tensor& gw, const Dims& d) {
-  same_kind({{"out", &out},
-             {"grad_out", &grad_out},
-             {"z_all", &z_all},
-             {"alpha", &alpha},
-             {"w0_all", &w0},
-             {"w1_all", &w1},
-             {"gw_all", &gw}});
-  TORCH_CHECK_VALUE(out.dim() == 3, "mixstack_stack: out must be (E, F, ROW), got ", out.sizes());
-  const int64_t E = out.size(0), F = out.size(1);
-  const int64_t n = weights(w0, w1, gw, F, d);
-  shape_is("out", out, {E, F, d.row});
-  shape_is("grad_out", grad_out, {E, F, d.row});
-  shape_is("z_all", z_all, {n - 1, F, E, d.row});
-  shape_is("alpha", alpha, {E, F});
-  return {F, E, n};
-}
-
 int dtype_code(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? MIXSTACK_DTYPE_F32 : MIXSTACK_DTYPE_F64; }
 
 // The transposes the backward reads ((in, out) -> (out, in) per block).
@@ -315,8 +280,14 @@ Call forward_call(const at::Tensor& u0, const at::Tensor& alpha, const at::Tenso
                   const at::Tensor& gw, int64_t lmax, int64_t focus_dim, c10::string_view path) {
   const Dims d = dims(lmax, focus_dim);
   const int code = path_code(path);
-  const auto [F, E, n] = check_forward(u0, alpha, w0, w1, gw, d);
-  return {d, code, F, E, n};
+  same_kind({{"u0", &u0}, {"alpha", &alpha}, {"w0_all", &w0}, {"w1_all", &w1}, {"gw_all", &gw}});
+  TORCH_CHECK_VALUE(u0.dim() == 3, "mixstack_stack: u0 must be (F, E, ROW), got ", u0.sizes());
+  const int64_t F = u0.size(0), E = u0.size(1);
+  TORCH_CHECK_VALUE(u0.size(2) == d.row, "mixstack_stack: u0 has ", u0.size(2),
+                    " columns, expected ROW = (3*lmax+1)*focus_dim = ", d.row);
+  TORCH_CHECK_VALUE(F >= 1, "mixstack_stack: u0 has F = 0 focus streams");
+  shape_is("alpha", alpha, {E, F});
+  return {d, code, F, E, weights(w0, w1, gw, F, d)};
 }
 
 // The backward's, with grad_out made dense: autograd may hand in any
@@ -328,7 +299,20 @@ std::pair<Call, at::Tensor> backward_call(const at::Tensor& grad_out_in, const a
   const Dims d = dims(lmax, focus_dim);
   const int code = path_code(path);
   at::Tensor grad_out = grad_out_in.to(out.scalar_type()).contiguous();
-  const auto [F, E, n] = check_backward(grad_out, out, z_all, alpha, w0, w1, gw, d);
+  same_kind({{"out", &out},
+             {"grad_out", &grad_out},
+             {"z_all", &z_all},
+             {"alpha", &alpha},
+             {"w0_all", &w0},
+             {"w1_all", &w1},
+             {"gw_all", &gw}});
+  TORCH_CHECK_VALUE(out.dim() == 3, "mixstack_stack: out must be (E, F, ROW), got ", out.sizes());
+  const int64_t E = out.size(0), F = out.size(1);
+  const int64_t n = weights(w0, w1, gw, F, d);
+  shape_is("out", out, {E, F, d.row});
+  shape_is("grad_out", grad_out, {E, F, d.row});
+  shape_is("z_all", z_all, {n - 1, F, E, d.row});
+  shape_is("alpha", alpha, {E, F});
   return {{d, code, F, E, n}, grad_out};
 }
 
