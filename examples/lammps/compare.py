@@ -11,6 +11,7 @@ the forces' relative L2 difference against the reference package.
 """
 
 import argparse
+import faulthandler
 import json
 import os
 
@@ -79,4 +80,5 @@ def main():
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a crash loading a package prints where (BENCH.md, run 89)
     main()

@@ -1,8 +1,17 @@
-"""Runs a test module's ``test_*`` functions as a script: PASS/FAIL lines,
-exit status 1 on a failure, SKIP (status 0) without torch."""
+"""Runs a test module's ``test_*`` functions as a script: PASS/FAIL lines
+(with the failing frames), exit status 1 on a failure, SKIP (status 0)
+without torch."""
+
+
+import faulthandler
+import sys
+import traceback
 
 
 def run(namespace, torch):
+    # A crash in native code (the op's C++, a loaded package) prints the
+    # Python stack of every thread before the process dies.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     if torch is None:
         print("SKIP: torch is not installed")
         return 0
@@ -15,4 +24,5 @@ def run(namespace, torch):
             except Exception as e:  # noqa: BLE001
                 failed += 1
                 print(f"FAIL {name}: {type(e).__name__}: {e}")
+                traceback.print_exc(limit=-3, file=sys.stdout)
     return 1 if failed else 0

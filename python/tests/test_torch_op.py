@@ -14,6 +14,7 @@ apply_alpha, float32) with CUDA events; ``--bench-only`` skips the tests;
 ``--repeats N`` (default 10) and ``--warmup N`` (default 3).
 """
 
+import faulthandler
 import os
 import statistics
 import sys
@@ -650,9 +651,18 @@ def main(argv):
         print(f"SKIP: {reason}; the mixstack torch tests need a CUDA device")
         return 0
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name()}")
+    # A crash in native code prints the Python stack; `--skip a,b` leaves out
+    # tests by name, so a run can go on past one that crashed the process.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    skip = set(argv[argv.index("--skip") + 1].split(",")) if "--skip" in argv[:-1] else set()
     failures = []
     if "--bench-only" not in argv:
         for t in TESTS:
+            if t.__name__ in skip:
+                print(f"SKIPPED {t.__name__} (--skip)")
+                continue
+            print(f"RUN {t.__name__}")
+            sys.stdout.flush()
             t0 = time.time()
             try:
                 t()

@@ -214,13 +214,15 @@ def test_aoti_package_calls_the_op_by_name():
         res = os.path.join(d, "out.pt")
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         run = lambda lib: subprocess.run(  # noqa: E731
-            [sys.executable, "-c", script, lib, pt2, os.path.join(d, "inputs.pt"), res],
+            [sys.executable, "-X", "faulthandler", "-c", script, lib, pt2, os.path.join(d, "inputs.pt"), res],
             capture_output=True, text=True, env=env, cwd=d,
         )
         without = run("")
-        assert without.returncode != 0 and "mixstack::stack" in without.stderr, without.stderr[-2000:]
+        assert without.returncode != 0 and "mixstack::stack" in without.stderr, (
+            f"without the op: exit status {without.returncode}: {without.stderr[-2000:]}"
+        )
         with_lib = run(_ext.library_path())
-        assert with_lib.returncode == 0, with_lib.stderr[-2000:]
+        assert with_lib.returncode == 0, f"with the op: exit status {with_lib.returncode}: {with_lib.stderr[-2000:]}"
         got = torch.load(res)
     want = m(u0, alpha)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-4), (got - want).abs().max()
