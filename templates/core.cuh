@@ -787,12 +787,15 @@ struct RowWalk {
 
 // Where a fused K chunk's gz comes from (AOp::chunk(c0)): a chunk lies in
 // one subtile (Cf % BK == 0), so one uniform choice per chunk replaces a
-// per-piece subtile test. replace: gz = src (the scalar chain gz_s, and the
-// chunk's g is never loaded); else gz = op_gate(g, src), src the gates.
+// per-piece subtile test. replace: gz = the source (the scalar chain gz_s,
+// and the chunk's g is never loaded); else gz = op_gate(g, source), the
+// gates. The source is an element offset into shared memory, not a
+// pointer: a pointer picked by a select loses its address space, and the
+// loads became generic 64-bit ones (run 78 SASS).
 template <typename T>
 struct ChunkGz {
-  const T* src;  // the chunk's row 0, column 0 in its shared buffer
-  int ld;        // that buffer's row stride
+  int src;  // the chunk's row 0, column 0: smem_at<T>(0)[src]
+  int ld;   // that buffer's row stride
   bool replace;
 };
 
@@ -873,9 +876,10 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     // finite values (zero g, zero gz_s) that no store reads.
     auto form_own = [&]() {
       const ChunkGz<T> c = a.chunk(off + cw.kt * BK);
+      const T* src = smem_at<T>(0) + c.src;
       copy_a.each([&](int, int m, int k) {
         T x[W], y[W];
-        Vec<T>::load(c.src + m * c.ld + k, y);
+        Vec<T>::load(src + m * c.ld + k, y);
         if (!c.replace) {
           Vec<T>::load(as + m * AK + k, x);
 #pragma unroll

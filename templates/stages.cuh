@@ -510,8 +510,11 @@ struct GzRows : RowWork<T, CF, BM, THREADS, S> {
   // The chunk at column c0 (one subtile, Cf % BK == 0): its gz_s, or its
   // group's gates (gate_at: consecutive columns, consecutive gates).
   __device__ __forceinline__ ChunkGz<T> chunk(int c0) const {
-    if (c0 < CF) return ChunkGz<T>{s_sh() + c0, CF, true};
-    return ChunkGz<T>{gate_at<CF>(sig_sh(), this->L, c0), this->LG, false};
+    if (c0 < CF) return ChunkGz<T>{(int)(S::s_rows / sizeof(T)) + c0, CF, true};
+    const int r = c0 / CF;  // the chunk's subtile; gate_at's column, as an offset
+    return ChunkGz<T>{(int)(S::fixed / sizeof(T)) + S::sig_slot * BM * this->LG + group_of(r, this->L) * CF +
+                          (c0 - r * CF),
+                      this->LG, false};
   }
 };
 
