@@ -10,7 +10,8 @@
 # lmax sweep (scripts/fused-sweep.sh), TUNE="seed" mixstack tune --write and
 # its winners against the defaults (scripts/tune-check.sh), PROBE=1 a short fused bench first
 # that ends the call if it fails, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
-# carry .whl too, scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
+# its wheel groups carried by this call or an earlier one on the warm machine:
+# scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
 # handover variants of bench/runs/run87/arrive_next.cu under racecheck (the
 # ws kernels' report, BENCH.md runs 83-87). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
