@@ -31,7 +31,7 @@ if [ "${PROBE:-0}" = 1 ]; then
 fi
 if [ "${RACE_REPRO:-0}" = 1 ]; then
   # 0 must be clean and 2 must report; 3-6 are the ws kernels' differences
-  nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6; do
+  nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6 7 8 9; do
     echo "race repro mode $m: $(compute-sanitizer --tool racecheck "$OUT/r/arrive" $m 2>&1 | grep -E 'RACECHECK SUMMARY')"
   done | tee "$OUT/r/race_repro.txt"
 fi
