@@ -756,6 +756,16 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
 // never copied) while it runs. Each output element still
 // accumulates k ascending from zero (chunk by chunk, mma_stream), then epi.
 
+// Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
+// order this thread's earlier shared-memory accesses before the barrier
+// completes, which is what a buffer handover needs.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+// FULL/EMPTY + segment (pipe: ws) or + per-row buffer slot (pipe: split).
+enum WsBarrier { WS_PRODUCERS = 1, WS_CONSUMERS = 2, WS_FULL = 3, WS_EMPTY = 5 };
+
 // One output segment: columns [off, off + N) of each row, from A columns
 // [off, off + N) times B (N x N, row-major).
 template <typename T>
@@ -799,22 +809,54 @@ struct ChunkGz {
   bool replace;
 };
 
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
+//
+// With P > 0 producer threads (pipe: split; threads 0..P-1) the per-row work
+// leaves the GEMM's warps: producers run it (a.produce(e0, slot)) for each
+// row block into one of two per-row buffer slots, one row block ahead, and
+// hand it over by named barriers (FULL(slot) when formed, EMPTY(slot) when
+// the consumers' last chunk of that row block has read it); the consumer
+// threads run the walk below, forming gz per chunk from the slot's buffers.
+// With P == 0 the whole block runs a.tile(e0) at each row block's first
+// chunk, between block barriers.
+
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B, int P,
           typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
-  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY, ALL = P + THREADS;
   constexpr int AK = BK + W;  // padded row of the row-major A chunk
   constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
-  T* As = smem_at<T>(SMEM_A);
-  T* Bs = smem_at<T>(SMEM_B);
-  const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+  static_assert(P % 32 == 0 && THREADS % 32 == 0, "whole warps on each side");
   const i64 nrb = (E + BM - 1) / BM;
   if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
+  // This block's row blocks: blockIdx.x, blockIdx.x + gridDim.x, ...
+  const i64 nlocal = (nrb - 1 - blockIdx.x) / gridDim.x + 1;
+  if constexpr (P > 0) {
+    if ((int)threadIdx.x < P) {
+      for (i64 i = 0; i < nlocal; ++i) {
+        const int slot = (int)(i & 1);
+        if (i >= 2) bar_sync(WS_EMPTY + slot, ALL);  // row block i - 2's chunks are formed
+        a.produce(((i64)blockIdx.x + i * gridDim.x) * BM, slot, [] { bar_sync(WS_PRODUCERS, P); });
+        bar_arrive(WS_FULL + slot, ALL);
+      }
+      return;
+    }
+  }
+  // The GEMM's threads: all of the block, or the consumers.
+  auto sync = [] {
+    if constexpr (P > 0) {
+      bar_sync(WS_CONSUMERS, THREADS);
+    } else {
+      __syncthreads();
+    }
+  };
+  T* As = smem_at<T>(SMEM_A);
+  T* Bs = smem_at<T>(SMEM_B);
+  const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
   const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
   const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
-  const i64 nq = ((nrb - 1 - blockIdx.x) / gridDim.x + 1) * (kt0 * ct0 + kt1 * ct1);
+  const i64 nq = nlocal * (kt0 * ct0 + kt1 * ct1);
   const ChunkCopy<T, BK, BN / W, THREADS, BN> copy_b(tid);
   const ChunkCopy<T, BM, BK / W, THREADS, AK> copy_a(tid);
   const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
@@ -865,17 +907,19 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
 
   RowWalk cw{(i64)blockIdx.x, 0, 0, 0};
   int cst = 0;
+  i64 crb = 0;  // the row block's index in this block's walk (its slot: crb & 1)
   for (i64 q = 0; q < nq; ++q) {
     cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
     T* as = As + cst * A_STAGE;
     const i64 e0 = cw.rb * BM;
     const int off = cw.s ? seg1.off : seg0.off;
+    const int slot = P > 0 ? (int)(crb & 1) : 0;  // pipe: stream has one buffer set
     // Each thread forms gz in the pieces it copied (the loader's mapping):
     // one barrier covers landing and forming; a row block's first chunk
     // waits for the per-row work, which forming reads. Rows past E form
     // finite values (zero g, zero gz_s) that no store reads.
     auto form_own = [&]() {
-      const ChunkGz<T> c = a.chunk(off + cw.kt * BK);
+      const ChunkGz<T> c = a.chunk(off + cw.kt * BK, slot);
       const T* src = smem_at<T>(0) + c.src;
       copy_a.each([&](int, int m, int k) {
         T x[W], y[W];
@@ -889,20 +933,32 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       });
     };
     const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
-    if (!hook) form_own();
-    __syncthreads();  // chunk q is in (formed unless hooked); everyone is done with chunk q-1's slot
-    if (lq < nq) load_next();
-    cp_async_commit();
-    if (hook) {
-      a.tile(e0);  // every read of the previous row block is done (barrier above)
+    if constexpr (P > 0) {
+      if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
       form_own();
-      __syncthreads();
+      sync();  // chunk q is in and formed; everyone is done with chunk q-1's slot
+      // The row block's last chunk has read its slot: hand it back if the
+      // producers will fill it again (row block crb + 2).
+      if (cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1 && crb + 2 < nlocal) bar_arrive(WS_EMPTY + slot, ALL);
+      if (lq < nq) load_next();
+      cp_async_commit();
+    } else {
+      if (!hook) form_own();
+      sync();  // chunk q is in (formed unless hooked); everyone is done with chunk q-1's slot
+      if (lq < nq) load_next();
+      cp_async_commit();
+      if (hook) {
+        a.tile(e0);  // every read of the previous row block is done (barrier above)
+        form_own();
+        sync();
+      }
     }
     mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
       store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
     }
+    if (P > 0 && cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1) ++crb;
     cw.step(kt0, kt1, ct0, ct1);
   }
   cp_async_wait<0>();
@@ -923,14 +979,6 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
 // output element still accumulates k ascending from zero (mma_stream), then
 // epi.
 
-// Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
-// order this thread's earlier shared-memory accesses before the barrier
-// completes, which is what a buffer handover needs.
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-enum WsBarrier { WS_PRODUCERS = 1, WS_CONSUMERS = 2, WS_FULL = 3, WS_EMPTY = 5 };  // FULL/EMPTY + segment
 
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int P, int SMEM_B, typename AOp,
           typename Epi>

@@ -489,31 +489,41 @@ struct RowWork {
   }
 };
 
-// The fused backward's A operand with pipe: stream: gz, formed chunk by
-// chunk from the landed g chunk (gemm_rowblock's form_own, from chunk()),
-// never stored. Its tile hook runs the per-row work once per row block, the
-// whole block taking part: the block keeps BM x (L*Cf + Cf) + GB x L*Cf
-// values besides its ring, so four 64-row blocks share an SM at the seed's
-// shapes.
+// The fused backward's A operand with pipe: stream or split: gz, formed
+// chunk by chunk from the landed g chunk (gemm_rowblock's form_own, from
+// chunk()), never stored. Its per-row work (s, sig, g_logit, gz_s) runs once
+// per row block: with pipe: stream the whole block runs it at the row
+// block's first chunk (tile(); one per-row buffer set: the block keeps BM x
+// (L*Cf + Cf) + GB x L*Cf values besides its ring, so four 64-row blocks
+// share an SM at the seed's shapes); with pipe: split the THREADS producer
+// threads run it (produce()) into one of two buffer sets (slots), a row
+// block ahead of the GEMM's threads.
 template <typename T, int CF, int BM, int THREADS, typename S>
 struct GzRows : RowWork<T, CF, BM, THREADS, S> {
-  __device__ __forceinline__ T* s_sh() const { return smem_at<T>(S::s_rows); }
-  __device__ __forceinline__ T* sig_sh() const { return per_lg_rows<T, S, BM>(S::sig_slot, this->LG); }
+  __device__ __forceinline__ T* s_sh(int slot) const { return smem_at<T>(S::s_rows) + slot * BM * CF; }
+  __device__ __forceinline__ T* sig_sh(int slot) const {
+    return per_lg_rows<T, S, BM>(S::sig_slot + slot, this->LG);
+  }
   __device__ __forceinline__ const T* row(i64 e) const { return this->gf + e * this->ROW; }
   __device__ __forceinline__ int stride() const { return this->ROW; }
   __device__ __forceinline__ void tile(i64 e0) {
-    this->per_row(e0, s_sh(), sig_sh(), per_lg_rows<T, S, BM>(S::glog_slot, this->LG), [] { __syncthreads(); });
+    this->per_row(e0, s_sh(0), sig_sh(0), per_lg_rows<T, S, BM>(S::glog_slot, this->LG), [] { __syncthreads(); });
   }
-  // Subtile 0 is the scalar chain, formed whole by tile(): its g is never
-  // copied into the ring.
+  template <typename Sync>
+  __device__ __forceinline__ void produce(i64 e0, int slot, Sync sync) const {
+    this->per_row(e0, s_sh(slot), sig_sh(slot), per_lg_rows<T, S, BM>(S::glog_slot, this->LG), sync);
+  }
+  // Subtile 0 is the scalar chain, formed whole by the per-row work: its g
+  // is never copied into the ring.
   __device__ __forceinline__ bool computed(int col) const { return col < CF; }
-  // The chunk at column c0 (one subtile, Cf % BK == 0): its gz_s, or its
-  // group's gates (gate_at: consecutive columns, consecutive gates).
-  __device__ __forceinline__ ChunkGz<T> chunk(int c0) const {
-    if (c0 < CF) return ChunkGz<T>{(int)(S::s_rows / sizeof(T)) + c0, CF, true};
+  // The chunk at column c0 (one subtile, Cf % BK == 0) of slot's buffers:
+  // its gz_s, or its group's gates (gate_at: consecutive columns,
+  // consecutive gates), as shared-memory offsets.
+  __device__ __forceinline__ ChunkGz<T> chunk(int c0, int slot) const {
+    if (c0 < CF) return ChunkGz<T>{(int)(S::s_rows / sizeof(T)) + slot * BM * CF + c0, CF, true};
     const int r = c0 / CF;  // the chunk's subtile; gate_at's column, as an offset
-    return ChunkGz<T>{(int)(S::fixed / sizeof(T)) + S::sig_slot * BM * this->LG + group_of(r, this->L) * CF +
-                          (c0 - r * CF),
+    return ChunkGz<T>{(int)(S::fixed / sizeof(T)) + (S::sig_slot + slot) * BM * this->LG +
+                          group_of(r, this->L) * CF + (c0 - r * CF),
                       this->LG, false};
   }
 };
@@ -586,14 +596,15 @@ struct GzPanel : RowWork<T, CF, BM, P, S> {
 
 // Fused: one gated layer, g_next = g + [gz_m0 @ W0^T | gz_m1 @ W1^T]; both
 // segments of a row block in one block. pipe: stream -> gz formed per chunk
-// from GzRows (gemm_rowblock); pipe: ws -> from the producers' panel
-// (GzPanel, gemm_ws).
+// from GzRows (gemm_rowblock); pipe: split -> the same, the per-row work on
+// producer warps (gemm_rowblock with P producers); pipe: ws -> from the
+// producers' panel (GzPanel, gemm_ws).
 template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
                                           const T* __restrict__ gw, const T* __restrict__ gwt,
                                           const T* __restrict__ wt0, const T* __restrict__ wt1,
                                           T* __restrict__ g_next, i64 E, int L) {
-  static_assert(PIPE == 2 || PIPE == 3, "the fused backward streams (pipe: stream or ws)");
+  static_assert(PIPE == 2 || PIPE == 3 || PIPE == 4, "the fused backward streams (pipe: stream, ws or split)");
   static_assert(CF % BK == 0, "a K chunk lies in one subtile");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
@@ -608,9 +619,11 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
     gemm_ws<T, BM, BN, BK, TM, TN, STAGES, S::producers, S::b_tile>(E, seg0, seg1, a, epi);
   } else {
-    GzRows<T, CF, BM, (BM / TM) * (BN / TN), S> a{
+    // The per-row work's threads: the producers (split) or the whole block.
+    constexpr int P = PIPE == 4 ? S::producers : 0, ROW_THREADS = P ? P : (BM / TM) * (BN / TN);
+    GzRows<T, CF, BM, ROW_THREADS, S> a{
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
-    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile>(E, seg0, seg1, a, epi);
+    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile, P>(E, seg0, seg1, a, epi);
   }
 }
 

@@ -245,7 +245,7 @@ fn narrowing_keeps_matching_names_only() {
 }
 
 #[test]
-fn fused_instances_stream_or_ws_with_block_k_dividing_cf() {
+fn fused_instances_stream_ws_or_split_with_block_k_dividing_cf() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
     let exp = expand(&s, None).unwrap();
     let fused: Vec<_> = exp.instances.iter().filter(|i| i.stage == Stage::BwdFused).collect();
@@ -254,7 +254,7 @@ fn fused_instances_stream_or_ws_with_block_k_dividing_cf() {
         match i.geometry {
             Geometry::Gemm { block_k, pipe, .. } => {
                 assert!(i.cf % block_k == 0, "{}", i.name);
-                assert!(matches!(pipe, Pipe::Stream | Pipe::Ws), "{}", i.name);
+                assert!(matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split), "{}", i.name);
             }
             _ => panic!("{} is not a GEMM", i.name),
         }
@@ -324,6 +324,42 @@ fn ws_layout_matches_what_the_kernel_places() {
         for lmax in 1..=6u32 {
             let (lg, row) = (lmax * cf, (3 * lmax + 1) * cf);
             let end = panel + (block_m * (row + 16 / sz) + block_m * lg + glog_rows * lg) * sz;
+            assert_eq!(end, l.bytes(cf, lmax), "{} at lmax {lmax}", i.name);
+        }
+        assert_eq!(i.threads(), (block_m / tm) * (bn / tn) + mixstack::kinds::WS_PRODUCER_THREADS, "{}", i.name);
+    }
+}
+
+/// `pipe: split`: two sets of the per-row buffers (templates/stages.cuh:
+/// GzRows::s_sh / sig_sh / chunk with a slot), placed by the kernel from L
+/// at run time: s slot j at s_rows + j * BLOCK_M * Cf values, before `fixed`
+/// and after both rings; sig slot j at fixed + (sig_slot + j) * BLOCK_M * LG,
+/// then the g_logit rows; the end is the launch size, for every lmax.
+/// Producers come on top of the consumers.
+#[test]
+fn split_layout_matches_what_the_kernel_places() {
+    let s = spec::load(&crate_dir().join("specs")).unwrap();
+    let split: Vec<_> = expand(&s, None)
+        .unwrap()
+        .instances
+        .into_iter()
+        .filter(|i| matches!(i.geometry, Geometry::Gemm { pipe: Pipe::Split, .. }))
+        .collect();
+    assert!(!split.is_empty(), "no pipe: split instance in the specs");
+    for i in split {
+        let Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, .. } = i.geometry else { unreachable!() };
+        let (l, sz, cf) = (&i.layout, i.dtype.size() as u32, i.cf);
+        let (a, b, s_rows) = (l.a_tile.unwrap(), l.b_tile.unwrap(), l.s_rows.unwrap());
+        assert!(a + stages * block_m * (block_k + l.apad) * sz <= b, "{}: A ring overlaps B", i.name);
+        assert!(b + stages * block_k * bn * sz <= s_rows, "{}: B ring overlaps s", i.name);
+        assert!(s_rows + 2 * block_m * cf * sz <= l.fixed, "{}: two s slots do not fit before fixed", i.name);
+        assert_eq!(l.sig_slot, Some(0), "{}", i.name);
+        assert_eq!(l.glog_slot, Some(2), "{}: g_logit after both sig slots", i.name);
+        let glog_rows = l.glog_rows.unwrap();
+        assert_eq!(block_m % glog_rows, 0, "{}", i.name);
+        for lmax in 1..=6u32 {
+            let lg = lmax * cf;
+            let end = l.fixed + (2 * block_m * lg + glog_rows * lg) * sz;
             assert_eq!(end, l.bytes(cf, lmax), "{} at lmax {lmax}", i.name);
         }
         assert_eq!(i.threads(), (block_m / tm) * (bn / tn) + mixstack::kinds::WS_PRODUCER_THREADS, "{}", i.name);

@@ -243,7 +243,7 @@ fn dispatchable(e: &KernelEntry) -> bool {
         return false;
     }
     if is_fused_stage(e.stage) {
-        return matches!(e.geometry, Geometry::Gemm { block_k, pipe: Pipe::Stream | Pipe::Ws, .. } if block_k > 0 && e.cf.is_multiple_of(block_k));
+        return matches!(e.geometry, Geometry::Gemm { block_k, pipe: Pipe::Stream | Pipe::Ws | Pipe::Split, .. } if block_k > 0 && e.cf.is_multiple_of(block_k));
     }
     true
 }

@@ -55,7 +55,7 @@ pub fn launch_config(
             let col_tiles = if n == 0 { 1 } else { (n as u64).div_ceil(bn as u64) };
             let tiles = (e as u64).div_ceil(block_m as u64) * col_tiles;
             let blocks = match (pipe, resident) {
-                (Pipe::Stream | Pipe::Ws, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
+                (Pipe::Stream | Pipe::Ws | Pipe::Split, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
                 _ => tiles,
             };
             (t, blocks, 1)

@@ -166,12 +166,16 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
     if let Geometry::Gemm { block_k, .. } = *g {
-        let fused_pipe = matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws, .. });
+        let pipe = match *g {
+            Geometry::Gemm { pipe, .. } => pipe,
+            Geometry::Rows { .. } => unreachable!(),
+        };
+        let fused_pipe = pipe == crate::kinds::Pipe::Stream || pipe.has_producers();
         if variant == Variant::Fused && !fused_pipe {
-            return Some("the fused backward streams: it needs pipe: stream or ws".into());
+            return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
         }
-        if variant != Variant::Fused && matches!(*g, Geometry::Gemm { pipe: crate::kinds::Pipe::Ws, .. }) {
-            return Some("pipe: ws serves the fused backward only".into());
+        if variant != Variant::Fused && pipe.has_producers() {
+            return Some("pipe: ws and split serve the fused backward only".into());
         }
         let sub = super::layout::GLOG_SUB_ROWS;
         if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {

@@ -82,6 +82,11 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     if pipe == crate::kinds::Pipe::Ws {
         return ws_layout(l, bufs, sz, cf, bm, bk, bn, stages);
     }
+    // pipe: split keeps two sets of the per-row buffers (s and sig), one
+    // being read by the GEMM's threads while the producers fill the other:
+    // s slot j at s_rows + j * rows * Cf values, sig slot j at per-LG slot
+    // sig_slot + j.
+    let sets = if pipe == crate::kinds::Pipe::Split { 2 } else { 1 };
     for b in bufs {
         match b {
             // With two stages the next K chunk is stored while this one computes.
@@ -89,13 +94,14 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
             SmemBuf::ATile => {
                 l.a_tile = match pipe {
                     crate::kinds::Pipe::Regs => place(prod(&[stages, bk, bm.saturating_add(apad), sz])),
-                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws => {
-                        place(prod(&[stages, bm, bk.saturating_add(apad), sz]))
-                    }
+                    crate::kinds::Pipe::Async
+                    | crate::kinds::Pipe::Stream
+                    | crate::kinds::Pipe::Ws
+                    | crate::kinds::Pipe::Split => place(prod(&[stages, bm, bk.saturating_add(apad), sz])),
                 }
             }
             SmemBuf::BTile => l.b_tile = place(prod(&[stages, bk, bn, sz])),
-            SmemBuf::SRows => l.s_rows = place(prod(&[rows, cf, sz])),
+            SmemBuf::SRows => l.s_rows = place(prod(&[sets, rows, cf, sz])),
             SmemBuf::GzsRows => l.gzs_rows = place(prod(&[rows, cf, sz])),
             _ => {}
         }
@@ -103,8 +109,8 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     l.fixed = at;
     if matches!(g, Geometry::Gemm { .. }) {
         l.c_tile = Some(0);
-        // The streaming pipe's epilogue leaves from registers: no C tile.
-        if pipe != crate::kinds::Pipe::Stream {
+        // The streaming pipes' epilogue leaves from registers: no C tile.
+        if !matches!(pipe, crate::kinds::Pipe::Stream | crate::kinds::Pipe::Split) {
             l.fixed = l.fixed.max(align16(prod(&[bm, bn.saturating_add(apad), sz])));
         }
     }
@@ -113,7 +119,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         match b {
             SmemBuf::SigRows => {
                 l.sig_slot = Some(slots);
-                slots += 1;
+                slots += sets;
             }
             SmemBuf::GlogitRows => {
                 l.glog_slot = Some(slots);

@@ -158,7 +158,7 @@ impl Renderer {
         }
         let l = &inst.layout;
         let producers = match inst.geometry {
-            Geometry::Gemm { pipe: crate::kinds::Pipe::Ws, .. } => crate::kinds::WS_PRODUCER_THREADS,
+            Geometry::Gemm { pipe, .. } if pipe.has_producers() => crate::kinds::WS_PRODUCER_THREADS,
             _ => 0,
         };
         // Every field is rendered; -1 marks a buffer the stage does not use.

@@ -488,15 +488,16 @@ impl Specs {
                 }
                 let stages_ok = match t.pipe {
                     crate::kinds::Pipe::Regs => (1..=2).contains(&t.stages),
-                    crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws => {
-                        (2..=4).contains(&t.stages)
-                    }
+                    crate::kinds::Pipe::Async
+                    | crate::kinds::Pipe::Stream
+                    | crate::kinds::Pipe::Ws
+                    | crate::kinds::Pipe::Split => (2..=4).contains(&t.stages),
                 };
                 if !stages_ok {
                     return Err(self.invalid(
                         "tiles.yaml",
                         field("stages"),
-                        "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream or ws",
+                        "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream, ws or split",
                     ));
                 }
                 if t.block_m % t.tm != 0 || t.bn % t.tn != 0 {

@@ -188,9 +188,16 @@ pub enum Pipe {
     /// `stages` chunks), [`WS_PRODUCER_THREADS`] producer threads form the
     /// next row block's panel. Launched as `Stream` is.
     Ws,
+    /// `Stream`'s walk (gz formed per chunk from the A ring) with the per-row
+    /// work on [`WS_PRODUCER_THREADS`] producer threads (the fused backward
+    /// only): they run it for the next row block into one of two per-row
+    /// buffer sets while the (BLOCK_M/TM)*(BN/TN) consumer threads run the
+    /// GEMM. Launched as `Stream` is.
+    Split,
 }
 
-/// Producer threads of a `pipe: ws` block (four warps: one per scheduler).
+/// Producer threads of a `pipe: ws` or `pipe: split` block (four warps: one
+/// per scheduler).
 pub const WS_PRODUCER_THREADS: u32 = 128;
 
 impl Pipe {
@@ -200,7 +207,12 @@ impl Pipe {
             Pipe::Async => "pa",
             Pipe::Stream => "ps",
             Pipe::Ws => "pw",
+            Pipe::Split => "px",
         }
+    }
+    /// Whether the block has producer threads besides the GEMM's.
+    pub fn has_producers(self) -> bool {
+        matches!(self, Pipe::Ws | Pipe::Split)
     }
     /// The value of the kernels' PIPE template argument.
     pub fn code(self) -> u32 {
@@ -209,6 +221,7 @@ impl Pipe {
             Pipe::Async => 1,
             Pipe::Stream => 2,
             Pipe::Ws => 3,
+            Pipe::Split => 4,
         }
     }
 }
@@ -231,7 +244,7 @@ impl Geometry {
         match *self {
             Geometry::Gemm { block_m, bn, tm, tn, pipe, .. } => {
                 let consumers = (block_m / tm) * (bn / tn);
-                if pipe == Pipe::Ws {
+                if pipe.has_producers() {
                     consumers + WS_PRODUCER_THREADS
                 } else {
                     consumers
