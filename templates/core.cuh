@@ -445,7 +445,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // acc[i][j] += A[row i][k] * B[k][col j] over one chunk, k ascending; A
 // row-major (stride AK), read W k-values at a time.
@@ -748,13 +748,15 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
 // owns whole row blocks (rb = blockIdx.x, blockIdx.x + gridDim.x, ...) and,
 // per row block, walks every column tile of both output segments (square
 // blocks: K == N per segment) through one cp.async ring that never drains,
-// exactly as gemm_stream does for one segment. So a.tile(e0), the per-row
-// work the A operand needs (gate recompute, gate-logit, scalar chain), runs
-// once per row block, not once per column tile, and its result stays in
-// shared memory for all of that row block's tiles; the ring keeps loading
-// the row block's first chunks (their weights: subtile 0's gz is gz_s,
-// never copied) while it runs. Each output element still
-// accumulates k ascending from zero (chunk by chunk, mma_stream), then epi.
+// exactly as gemm_stream does for one segment. So the per-row work the A
+// operand needs (gate recompute, gate-logit, scalar chain) runs once per
+// row block, not once per column tile, and its result stays in shared
+// memory for all of that row block's tiles: a.tile(e0) on the whole block
+// (pipe: stream; the ring keeps loading the row block's first chunks, their
+// weights: subtile 0's gz is gz_s, never copied, while it runs), or on
+// producer threads a row block ahead (pipe: split, P > 0: below). Each
+// output element still accumulates k ascending from zero (chunk by chunk,
+// mma_stream), then epi.
 
 // Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
 // order this thread's earlier shared-memory accesses before the barrier

@@ -424,3 +424,18 @@ fn instances_build_for_their_tiles_archs() {
     let why = exp.pruned.iter().find(|p| p.name == big.name).map(|p| p.reason.as_str()).unwrap_or("no pruned line");
     assert!(why.starts_with("not built for sm_80: "), "{why}");
 }
+
+#[test]
+fn producers_count_toward_the_block_size() {
+    // 1024 GEMM threads alone are a legal block; with pipe: split's 128
+    // producers beside them they are not, and the error says so at the line.
+    let tiles = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
+    let entry = "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 3, min_blocks: 1, pipe: split";
+    let line = line_with(&tiles, entry);
+    let big = "block_m: 256, bn: 128, block_k: 32, tm: 8, tn: 4, stages: 3, min_blocks: 1, pipe: split";
+    let e = load_err(&specs_with("tiles.yaml", |t| t.replace(entry, big)));
+    assert_eq!(line_of(&e, "tiles.yaml"), line, "{e}");
+    assert!(e.contains("1024 threads (+ 128 producers)") && e.contains("at most 1024 in all"), "{e}");
+    let stream = big.replace("pipe: split", "pipe: stream");
+    assert!(spec::load(&specs_with("tiles.yaml", |t| t.replace(entry, &stream))).is_ok());
+}

@@ -511,13 +511,21 @@ impl Specs {
                         "tm, tn and bn must be multiples of 4 (16-byte vectors)",
                     ));
                 }
-                let threads = (t.block_m / t.tm).checked_mul(t.bn / t.tn).filter(|&n| n <= THREADS);
-                if threads.is_none_or(|n| n % 32 != 0) {
+                // The block: the GEMM's threads, and the producers beside them
+                // with pipe: ws or split.
+                let producers = if t.pipe.has_producers() { crate::kinds::WS_PRODUCER_THREADS } else { 0 };
+                let threads = (t.block_m / t.tm)
+                    .checked_mul(t.bn / t.tn)
+                    .filter(|&n| n % 32 == 0 && n.checked_add(producers).is_some_and(|all| all <= THREADS));
+                if threads.is_none() {
                     let n = (t.block_m / t.tm) as u64 * (t.bn / t.tn) as u64;
+                    let plus = if producers > 0 { format!(" (+ {producers} producers)") } else { String::new() };
                     return Err(self.invalid(
                         "tiles.yaml",
                         field("block_m"),
-                        format!("(block_m/tm) * (bn/tn) = {n} threads: need a multiple of 32, at most {THREADS}"),
+                        format!(
+                            "(block_m/tm) * (bn/tn) = {n} threads{plus}: need a multiple of 32, at most {THREADS} in all"
+                        ),
                     ));
                 }
                 if let Some(j) = tiles[..i].iter().position(|u| same_tile(u, t)) {
