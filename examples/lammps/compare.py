@@ -8,16 +8,23 @@ A mixstack package is evaluated twice, with MIXSTACK_STACK_BWD_FUSED=0 and
 =1 (its backward reads the switch at each call): relay and fused, whose
 forces must be bitwise equal. Reports the energy's relative difference and
 the forces' relative L2 difference against the reference package.
+
+Each evaluation runs in a process of its own (`--one`), and only a package
+that calls mixstack's op loads mixstack: a crash loading a package (run 89
+saw one inside torch's aoti_load_package) is then reported for that package
+alone, with its exit status and stack, and the others still compare.
 """
 
 import argparse
 import faulthandler
 import json
 import os
+import subprocess
+import sys
+import tempfile
+import zipfile
 
 import numpy as np
-
-import mixstack_torch.ops  # noqa: F401  registers mixstack::stack before a package calling it loads
 
 
 def read_data(path):
@@ -32,28 +39,61 @@ def read_data(path):
     return coord, box, atype
 
 
-def evaluate(path, coord, box, atype):
+def calls_mixstack(path):
+    """Whether a package's graph names mixstack's op."""
+    with zipfile.ZipFile(path) as z:
+        return any(b"mixstack::stack" in z.read(n) for n in z.namelist() if n.endswith((".json", ".pt2", ".py")))
+
+
+def evaluate_here(path, data, out):
+    """--one: evaluate one package in this process, save (energy, forces)."""
+    if calls_mixstack(path):
+        import mixstack_torch.ops  # noqa: F401  registers mixstack::stack before the package loads
     from deepmd.infer import DeepPot
 
+    coord, box, atype = read_data(data)
     e, f, _v = DeepPot(path).eval(coord, box, atype)
-    return np.asarray(e, dtype=np.float64).reshape(-1), np.asarray(f, dtype=np.float64).reshape(-1)
+    np.savez(out, e=np.asarray(e, dtype=np.float64).reshape(-1), f=np.asarray(f, dtype=np.float64).reshape(-1))
+
+
+def evaluate(path, data, fused=None):
+    """(energy, forces) of one package from a fresh process, or None where it failed."""
+    env = dict(os.environ)
+    if fused is not None:
+        env["MIXSTACK_STACK_BWD_FUSED"] = fused
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "ef.npz")
+        r = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--one", path, "--data", data, "--out", out],
+                           env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{path}: evaluation failed, exit status {r.returncode}:\n{r.stderr[-3000:]}", flush=True)
+            return None
+        ef = np.load(out)
+        return ef["e"], ef["f"]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+")
+    ap.add_argument("models", nargs="*")
     ap.add_argument("--data", default="water.data")
     ap.add_argument("--json")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    coord, box, atype = read_data(a.data)
+    if a.one:
+        return evaluate_here(a.one, a.data, a.out)
     runs = []  # (model, backward variant or None, energy, forces)
+    failed = []
     for path in a.models:
-        if "mixstack" in os.path.basename(path):
-            for variant, fused in (("relay", "0"), ("fused", "1")):
-                os.environ["MIXSTACK_STACK_BWD_FUSED"] = fused
-                runs.append((path, variant, *evaluate(path, coord, box, atype)))
-        else:
-            runs.append((path, None, *evaluate(path, coord, box, atype)))
+        variants = (("relay", "0"), ("fused", "1")) if calls_mixstack(path) else ((None, None),)
+        for variant, fused in variants:
+            ef = evaluate(path, a.data, fused)
+            if ef is None:
+                failed.append(f"{path} ({variant})" if variant else path)
+            else:
+                runs.append((path, variant, *ef))
+    if not runs:
+        sys.exit(f"no package could be evaluated: {', '.join(failed)}")
     name0, _, e0, f0 = runs[0]
     out = []
     for path, variant, e, f in runs:
@@ -70,13 +110,18 @@ def main():
               f"forces rel L2 {row['force_rel_l2']:.2e}, |F| {row['force_norm']:.6f}")
     by_variant = {(path, variant): (e, f) for path, variant, e, f in runs}
     for path in dict.fromkeys(p for p, v, _, _ in runs if v):
+        if (path, "relay") not in by_variant or (path, "fused") not in by_variant:
+            continue
         (e1, f1), (e2, f2) = by_variant[path, "relay"], by_variant[path, "fused"]
         same = bool(np.array_equal(f1, f2) and np.array_equal(e1, e2))
         print(f"{path}: relay vs fused energy and forces bitwise {'EQUAL' if same else 'DIFFERENT'}")
         out.append({"model": path, "relay_fused_bitwise": same})
+    out.extend({"model": name, "failed": True} for name in failed)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
