@@ -297,6 +297,19 @@ fn layout_places_buffers_aligned_and_grows_with_lmax() {
     }
 }
 
+/// The specs' GEMM instances with this pipe (at least one).
+fn instances_with(pipe: Pipe) -> Vec<mixstack_gen::expand::Instance> {
+    let s = spec::load(&crate_dir().join("specs")).unwrap();
+    let found: Vec<_> = expand(&s, None)
+        .unwrap()
+        .instances
+        .into_iter()
+        .filter(|i| matches!(i.geometry, Geometry::Gemm { pipe: p, .. } if p == pipe))
+        .collect();
+    assert!(!found.is_empty(), "no pipe: {pipe:?} instance in the specs");
+    found
+}
+
 /// `pipe: ws`: the kernel places the panel (BLOCK_M rows of ROW + one
 /// 16-byte pad), sig and the g_logit rows after it from L at run time
 /// (templates/stages.cuh: GzPanel); what it places must end exactly where the
@@ -304,15 +317,7 @@ fn layout_places_buffers_aligned_and_grows_with_lmax() {
 /// the panel without overlapping. Producers come on top of the consumers.
 #[test]
 fn ws_layout_matches_what_the_kernel_places() {
-    let s = spec::load(&crate_dir().join("specs")).unwrap();
-    let ws: Vec<_> = expand(&s, None)
-        .unwrap()
-        .instances
-        .into_iter()
-        .filter(|i| matches!(i.geometry, Geometry::Gemm { pipe: Pipe::Ws, .. }))
-        .collect();
-    assert!(!ws.is_empty(), "no pipe: ws instance in the specs");
-    for i in ws {
+    for i in instances_with(Pipe::Ws) {
         let Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, .. } = i.geometry else { unreachable!() };
         let (l, sz, cf) = (&i.layout, i.dtype.size() as u32, i.cf);
         let (ring, s_rows, panel) = (l.b_tile.unwrap(), l.s_rows.unwrap(), l.panel.unwrap());
@@ -338,15 +343,7 @@ fn ws_layout_matches_what_the_kernel_places() {
 /// Producers come on top of the consumers.
 #[test]
 fn split_layout_matches_what_the_kernel_places() {
-    let s = spec::load(&crate_dir().join("specs")).unwrap();
-    let split: Vec<_> = expand(&s, None)
-        .unwrap()
-        .instances
-        .into_iter()
-        .filter(|i| matches!(i.geometry, Geometry::Gemm { pipe: Pipe::Split, .. }))
-        .collect();
-    assert!(!split.is_empty(), "no pipe: split instance in the specs");
-    for i in split {
+    for i in instances_with(Pipe::Split) {
         let Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, .. } = i.geometry else { unreachable!() };
         let (l, sz, cf) = (&i.layout, i.dtype.size() as u32, i.cf);
         let (a, b, s_rows) = (l.a_tile.unwrap(), l.b_tile.unwrap(), l.s_rows.unwrap());
