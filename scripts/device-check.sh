@@ -9,7 +9,8 @@
 # matching MATCH against the relay (scripts/fused-tiles.sh), SWEEP=1 the Cf x
 # lmax sweep (scripts/fused-sweep.sh), TUNE="seed" mixstack tune --write and
 # its winners against the defaults (scripts/tune-check.sh), PROBE=1 a short fused bench first
-# that ends the call if it fails, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
+# that ends the call if it fails, PROBE_TILES=1 each fused tile (matching MATCH) alone
+# at the seed under a 30 s timeout, bitwise against the relay, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
 # its wheel groups carried by this call or an earlier one on the warm machine:
 # scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
 # handover variants of bench/runs/run87/arrive_next.cu under racecheck (the
@@ -28,6 +29,20 @@ if [ "${PROBE:-0}" = 1 ]; then
   timeout 60 .device/mixstack bench --preset seed --reps 2 --variant relay --variant fused > "$OUT/r/probe.out" 2>&1
   rc=$?; echo "probe rc=$rc"; grep -vE "^    " "$OUT/r/probe.out" | tail -8
   if [ $rc != 0 ]; then tar -C "$OUT/r" -czf "$OUT/results.tar.gz" .; exit 1; fi
+fi
+if [ "${PROBE_TILES:-0}" = 1 ]; then
+  # each accepted fused tile of the seed alone, 30 s each, checked bitwise
+  # against the relay: a tile that hangs (a barrier mismatch) or faults is
+  # named here, not found by a test that runs into the call's limit
+  for n in $(.device/mixstack report --json | python3 -c "
+import json, sys
+for i in json.load(sys.stdin)['instances']:
+    if i['stage'] == 'bwd_fused' and i['cf'] == 32 and i['accepted'] and i.get('arch', 'sm_90') == 'sm_90':
+        print(i['name'])" | grep -E "${MATCH:-.}" | sort -u); do
+    timeout 30 .device/mixstack bench --preset seed --reps 1 --variant relay --variant "fused:bwd_fused=$n" \
+      > "$OUT/r/probe_$n.out" 2>&1
+    rc=$?; echo "probe $n: rc $rc $(grep -oE 'bitwise.*(EQUAL|DIFFER[A-Z]*)' "$OUT/r/probe_$n.out" | tail -1)"
+  done | tee "$OUT/r/probe_tiles.txt"
 fi
 if [ "${RACE_REPRO:-0}" = 1 ]; then
   # 0 must be clean and 2 must report; 3-6 are the ws kernels' differences
