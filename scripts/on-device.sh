@@ -19,15 +19,14 @@ fi
 if [ "$what" = all ] || [ "$what" = python ]; then
   # the torch ops over the staged library: numerics, opcheck, compile/export, CUDA graphs; tracing; drop-in.
   # The ops' C++ library is built first, here, against this machine's torch (kept in .device/ while warm).
-  export MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext
-  echo "== libmixstack_torch.so"; PYTHONPATH=$PWD/python python3 -m mixstack_torch._ext 2>&1 | tail -3
+  export MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext MIXSTACK_LIB=$PWD/.device/libmixstack.so PYTHONPATH=$PWD/python
+  echo "== libmixstack_torch.so"; python3 -m mixstack_torch._ext 2>&1 | tail -3
   # test_torch_op.py again past a test that crashed the process (at most
   # twice), so one crash does not hide the tests after it
   skip=""
   for attempt in 1 2 3; do
     echo "== python/tests/test_torch_op.py ${skip:+--skip $skip}"
-    MIXSTACK_LIB=$PWD/.device/libmixstack.so PYTHONPATH=$PWD/python python3 python/tests/test_torch_op.py \
-      ${skip:+--skip "$skip"} > "$OUT/test_torch_op.$attempt.log" 2>&1
+    python3 python/tests/test_torch_op.py ${skip:+--skip "$skip"} > "$OUT/test_torch_op.$attempt.log" 2>&1
     rc=$?; tail -40 "$OUT/test_torch_op.$attempt.log"
     [ $rc -lt 128 ] && break
     crashed=$(grep -E "^RUN " "$OUT/test_torch_op.$attempt.log" | tail -1 | cut -d' ' -f2)
@@ -35,7 +34,7 @@ if [ "$what" = all ] || [ "$what" = python ]; then
     skip=${skip:+$skip,}$crashed
   done
   for t in python/tests/test_trace_cpu.py python/tests/test_deepmd_dropin_cpu.py; do
-    echo "== $t"; MIXSTACK_LIB=$PWD/.device/libmixstack.so PYTHONPATH=$PWD/python python3 "$t" 2>&1 | tee "$OUT/$(basename "$t" .py).log" | tail -40
+    echo "== $t"; python3 "$t" 2>&1 | tee "$OUT/$(basename "$t" .py).log" | tail -40
   done
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then

@@ -262,6 +262,13 @@ __device__ __forceinline__ void compute_gzs_rows(Out out, const T* glog_sh,
 
 // The gate of gated column col (col >= Cf) in a row's sig: its group's
 // channel; consecutive columns of one subtile have consecutive gates.
+// gate_col: its index in the row; gate_at: its address (kept as two adds to
+// the row pointer, the form the relay's measured PTX has).
+template <int CF>
+__device__ __forceinline__ int gate_col(int L, int col) {
+  const int r = col / CF, ch = col - r * CF;
+  return group_of(r, L) * CF + ch;
+}
 template <int CF, typename T>
 __device__ __forceinline__ const T* gate_at(const T* sig_row, int L, int col) {
   const int r = col / CF, ch = col - r * CF;
@@ -811,7 +818,6 @@ struct ChunkGz {
   bool replace;
 };
 
-//
 // With P > 0 producer threads (pipe: split; threads 0..P-1) the per-row work
 // leaves the GEMM's warps: producers run it (a.produce(e0, slot)) for each
 // row block into one of two per-row buffer slots, one row block ahead, and
@@ -935,13 +941,14 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       });
     };
     const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
+    const bool last = cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1;  // the row block's last chunk
     if constexpr (P > 0) {
       if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
       form_own();
       sync();  // chunk q is in and formed; everyone is done with chunk q-1's slot
       // The row block's last chunk has read its slot: hand it back if the
       // producers will fill it again (row block crb + 2).
-      if (cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1 && crb + 2 < nlocal) bar_arrive(WS_EMPTY + slot, ALL);
+      if (last && crb + 2 < nlocal) bar_arrive(WS_EMPTY + slot, ALL);
       if (lq < nq) load_next();
       cp_async_commit();
     } else {
@@ -960,7 +967,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
       store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
     }
-    if (P > 0 && cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1) ++crb;
+    if (P > 0 && last) ++crb;
     cw.step(kt0, kt1, ct0, ct1);
   }
   cp_async_wait<0>();

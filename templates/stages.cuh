@@ -500,18 +500,27 @@ struct RowWork {
 // block ahead of the GEMM's threads.
 template <typename T, int CF, int BM, int THREADS, typename S>
 struct GzRows : RowWork<T, CF, BM, THREADS, S> {
+  // Slot's s / gz_s and sig buffers: pointers for the per-row work, element
+  // offsets into shared memory for chunk() (offsets, not pointers: see
+  // ChunkGz). Two forms of one placement: the pointer form keeps the
+  // constant offsets folded into the per-row work's loads (one add more per
+  // row block, and other register counts, with the offset form).
   __device__ __forceinline__ T* s_sh(int slot) const { return smem_at<T>(S::s_rows) + slot * BM * CF; }
   __device__ __forceinline__ T* sig_sh(int slot) const {
     return per_lg_rows<T, S, BM>(S::sig_slot + slot, this->LG);
   }
+  __device__ __forceinline__ int s_off(int slot) const { return (int)(S::s_rows / sizeof(T)) + slot * BM * CF; }
+  __device__ __forceinline__ int sig_off(int slot) const {
+    return (int)(S::fixed / sizeof(T)) + (S::sig_slot + slot) * BM * this->LG;
+  }
   __device__ __forceinline__ const T* row(i64 e) const { return this->gf + e * this->ROW; }
   __device__ __forceinline__ int stride() const { return this->ROW; }
-  __device__ __forceinline__ void tile(i64 e0) {
-    this->per_row(e0, s_sh(0), sig_sh(0), per_lg_rows<T, S, BM>(S::glog_slot, this->LG), [] { __syncthreads(); });
-  }
   template <typename Sync>
   __device__ __forceinline__ void produce(i64 e0, int slot, Sync sync) const {
     this->per_row(e0, s_sh(slot), sig_sh(slot), per_lg_rows<T, S, BM>(S::glog_slot, this->LG), sync);
+  }
+  __device__ __forceinline__ void tile(i64 e0) const {
+    produce(e0, 0, [] { __syncthreads(); });
   }
   // Subtile 0 is the scalar chain, formed whole by the per-row work: its g
   // is never copied into the ring.
@@ -520,11 +529,8 @@ struct GzRows : RowWork<T, CF, BM, THREADS, S> {
   // its gz_s, or its group's gates (gate_at: consecutive columns,
   // consecutive gates), as shared-memory offsets.
   __device__ __forceinline__ ChunkGz<T> chunk(int c0, int slot) const {
-    if (c0 < CF) return ChunkGz<T>{(int)(S::s_rows / sizeof(T)) + slot * BM * CF + c0, CF, true};
-    const int r = c0 / CF;  // the chunk's subtile; gate_at's column, as an offset
-    return ChunkGz<T>{(int)(S::fixed / sizeof(T)) + (S::sig_slot + slot) * BM * this->LG +
-                          group_of(r, this->L) * CF + (c0 - r * CF),
-                      this->LG, false};
+    if (c0 < CF) return ChunkGz<T>{s_off(slot) + c0, CF, true};
+    return ChunkGz<T>{sig_off(slot) + gate_col<CF>(this->L, c0), this->LG, false};
   }
 };
 

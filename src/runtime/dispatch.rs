@@ -26,7 +26,7 @@ use std::fmt;
 
 use super::error::{MixError, ShapeParam};
 use super::launch::dynamic_smem;
-use super::table::{self, Arch, Dtype, Geometry, KernelEntry, Layers, Pass, Pipe, Serves, Stage, StageRole, Variant};
+use super::table::{self, Arch, Dtype, Geometry, KernelEntry, Layers, Pass, Serves, Stage, StageRole, Variant};
 
 /// The fused backward supports Cf below this only (stages.yaml
 /// `regime.fused_cf_below`: the per-group Cf x Cf register dot spills from
@@ -243,7 +243,7 @@ fn dispatchable(e: &KernelEntry) -> bool {
         return false;
     }
     if is_fused_stage(e.stage) {
-        return matches!(e.geometry, Geometry::Gemm { block_k, pipe: Pipe::Stream | Pipe::Ws | Pipe::Split, .. } if block_k > 0 && e.cf.is_multiple_of(block_k));
+        return matches!(e.geometry, Geometry::Gemm { block_k, pipe, .. } if pipe.persistent() && block_k > 0 && e.cf.is_multiple_of(block_k));
     }
     true
 }

@@ -14,7 +14,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::args::StageCall;
 use super::error::{DriverContext, MixError};
-use super::table::{Geometry, KernelEntry, Pipe, Stage};
+use super::table::{Geometry, KernelEntry, Stage};
 
 /// Dynamic shared memory a kernel gets without opting in.
 pub const DEFAULT_DYNAMIC_SMEM: u64 = 48 * 1024;
@@ -55,7 +55,7 @@ pub fn launch_config(
             let col_tiles = if n == 0 { 1 } else { (n as u64).div_ceil(bn as u64) };
             let tiles = (e as u64).div_ceil(block_m as u64) * col_tiles;
             let blocks = match (pipe, resident) {
-                (Pipe::Stream | Pipe::Ws | Pipe::Split, Some(r)) => tiles.min((r / f.max(1) as u64).max(1)),
+                (p, Some(r)) if p.persistent() => tiles.min((r / f.max(1) as u64).max(1)),
                 _ => tiles,
             };
             (t, blocks, 1)

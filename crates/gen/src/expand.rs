@@ -170,8 +170,7 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
             Geometry::Gemm { pipe, .. } => pipe,
             Geometry::Rows { .. } => unreachable!(),
         };
-        let fused_pipe = pipe == crate::kinds::Pipe::Stream || pipe.has_producers();
-        if variant == Variant::Fused && !fused_pipe {
+        if variant == Variant::Fused && !pipe.persistent() {
             return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
         }
         if variant != Variant::Fused && pipe.has_producers() {

@@ -210,6 +210,11 @@ impl Pipe {
             Pipe::Split => "px",
         }
     }
+    /// Whether blocks are persistent and walk many tiles (launched with at
+    /// most the resident blocks): what the fused backward needs.
+    pub fn persistent(self) -> bool {
+        matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split)
+    }
     /// Whether the block has producer threads besides the GEMM's.
     pub fn has_producers(self) -> bool {
         matches!(self, Pipe::Ws | Pipe::Split)
