@@ -247,16 +247,21 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
 }
 
 // out(m, j, gzs[m][j]), gzs = g_s * silu'(s) + sum_c glog[m][c] * GW[j][c]
-// (c ascending, GW read transposed): the scalar chain; zero past E.
-template <typename T, int CF, int ROWS, int THREADS, typename Out>
+// (c ascending, GW read transposed): the scalar chain; zero past E. With
+// ZS_SH, s comes from zs_sh (rows CF apart), where the fused per-row work
+// holds it in shared memory (one L2 round trip fewer on its producers'
+// path); else from z.
+template <typename T, int CF, int ROWS, int THREADS, bool ZS_SH = false, typename Out>
 __device__ __forceinline__ void compute_gzs_rows(Out out, const T* glog_sh,
                                                  const T* __restrict__ gwtf,
                                                  const T* __restrict__ gf,
                                                  const T* __restrict__ zf,
-                                                 i64 e0, i64 E, int LG, int ROW) {
+                                                 i64 e0, i64 E, int LG, int ROW, const T* zs_sh = nullptr) {
   rows_gemm<T, ROWS, THREADS, CF>(glog_sh, LG, gwtf, LG, CF, [&](int m, int j, T acc) {
     const i64 e = e0 + m;
-    out(m, j, e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], zf[e * ROW + j]), acc) : T(0));
+    out(m, j,
+        e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], ZS_SH ? zs_sh[m * CF + j] : zf[e * ROW + j]), acc)
+              : T(0));
   });
 }
 

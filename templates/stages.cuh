@@ -482,8 +482,9 @@ struct RowWork {
     for (int r0 = 0; r0 < BM; r0 += GB) {
       compute_glogit_rows<T, CF, GB, THREADS>(glog, sig + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
       sync();
-      compute_gzs_rows<T, CF, GB, THREADS>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog, gwtf, gf, zf,
-                                           e0 + r0, E, LG, ROW);
+      // gz_s over s in place: each (m, j) is read, then written, by one thread.
+      compute_gzs_rows<T, CF, GB, THREADS, true>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog, gwtf, gf, zf,
+                                           e0 + r0, E, LG, ROW, s + r0 * CF);
       sync();
     }
   }

@@ -234,6 +234,15 @@ int path_code(c10::string_view path) {
                     "'");
 }
 
+// "[a, b, c]": sizes and strides in messages, formatted here rather than
+// by c10's ArrayRef stream operator (a refusal that streamed strides
+// crashed the process on the GPU machine's build, BENCH.md run 92).
+std::string list_of(at::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
+}
+
 void same_kind(std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
   const auto& [first, t0] = *ts.begin();
   for (const auto& [name, t] : ts) {
@@ -243,19 +252,20 @@ void same_kind(std::initializer_list<std::pair<const char*, const at::Tensor*>> 
                       "` on ", t0->device(), ": all tensors must be on one device");
     TORCH_CHECK_VALUE(t->scalar_type() == t0->scalar_type(), "mixstack_stack: `", name, "` has dtype ",
                       t->scalar_type(), ", `", first, "` ", t0->scalar_type(), ": all tensors must have one dtype");
-    TORCH_CHECK_VALUE(t->is_contiguous(), "mixstack_stack: `", name, "` is not contiguous (strides ", t->strides(),
+    TORCH_CHECK_VALUE(t->is_contiguous(), "mixstack_stack: `", name, "` is not contiguous (strides ",
+                      list_of(t->strides()),
                       "): mixstack reads dense row-major tensors and does not copy; pass `", name, ".contiguous()`");
   }
 }
 
 void shape_is(const char* name, const at::Tensor& t, std::vector<int64_t> want) {
-  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want), "mixstack_stack: ", name, " must be ", at::IntArrayRef(want),
-                    ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want), "mixstack_stack: ", name, " must be ", list_of(want),
+                    ", got ", list_of(t.sizes()));
 }
 
 // n_layers, after checking the weights' shapes for F focus streams.
 int64_t weights(const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& gw, int64_t F, const Dims& d) {
-  TORCH_CHECK_VALUE(w0.dim() == 4, "mixstack_stack: w0_all must be (n_layers, F, M0, M0), got ", w0.sizes());
+  TORCH_CHECK_VALUE(w0.dim() == 4, "mixstack_stack: w0_all must be (n_layers, F, M0, M0), got ", list_of(w0.sizes()));
   const int64_t n = w0.size(0);
   TORCH_CHECK_VALUE(n >= 1, "mixstack_stack: w0_all has n_layers = 0");
   shape_is("w0_all", w0, {n, F, d.m0, d.m0});
@@ -281,7 +291,7 @@ Call forward_call(const at::Tensor& u0, const at::Tensor& alpha, const at::Tenso
   const Dims d = dims(lmax, focus_dim);
   const int code = path_code(path);
   same_kind({{"u0", &u0}, {"alpha", &alpha}, {"w0_all", &w0}, {"w1_all", &w1}, {"gw_all", &gw}});
-  TORCH_CHECK_VALUE(u0.dim() == 3, "mixstack_stack: u0 must be (F, E, ROW), got ", u0.sizes());
+  TORCH_CHECK_VALUE(u0.dim() == 3, "mixstack_stack: u0 must be (F, E, ROW), got ", list_of(u0.sizes()));
   const int64_t F = u0.size(0), E = u0.size(1);
   TORCH_CHECK_VALUE(u0.size(2) == d.row, "mixstack_stack: u0 has ", u0.size(2),
                     " columns, expected ROW = (3*lmax+1)*focus_dim = ", d.row);
@@ -306,7 +316,7 @@ std::pair<Call, at::Tensor> backward_call(const at::Tensor& grad_out_in, const a
              {"w0_all", &w0},
              {"w1_all", &w1},
              {"gw_all", &gw}});
-  TORCH_CHECK_VALUE(out.dim() == 3, "mixstack_stack: out must be (E, F, ROW), got ", out.sizes());
+  TORCH_CHECK_VALUE(out.dim() == 3, "mixstack_stack: out must be (E, F, ROW), got ", list_of(out.sizes()));
   const int64_t E = out.size(0), F = out.size(1);
   const int64_t n = weights(w0, w1, gw, F, d);
   shape_is("out", out, {E, F, d.row});
