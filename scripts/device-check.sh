@@ -14,7 +14,7 @@
 # its wheel groups carried by this call or an earlier one on the warm machine:
 # scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
 # handover variants of bench/runs/run87/arrive_next.cu under racecheck (the
-# ws kernels' report, BENCH.md runs 83-87). Prints a
+# ws kernels' report, BENCH.md runs 83-90). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
@@ -46,8 +46,10 @@ for i in json.load(sys.stdin)['instances']:
 fi
 if [ "${RACE_REPRO:-0}" = 1 ]; then
   # 0 must be clean and 2 must report; 3-6 are the ws kernels' differences
-  nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6 7 8 9; do
-    echo "race repro mode $m: $(compute-sanitizer --tool racecheck "$OUT/r/arrive" $m 2>&1 | grep -E 'RACECHECK SUMMARY')"
+  # (each mode's whole report kept: race_mode_M.txt)
+  nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6 7 8 9 10 11; do
+    compute-sanitizer --tool racecheck "$OUT/r/arrive" $m > "$OUT/r/race_mode_$m.txt" 2>&1
+    echo "race repro mode $m: $(grep -E 'RACECHECK SUMMARY' "$OUT/r/race_mode_$m.txt")"
   done | tee "$OUT/r/race_repro.txt"
 fi
 if [ "${TESTS:-1}" = 1 ]; then

@@ -11,7 +11,10 @@
 //      consumers bar.sync 3, load segment 0, bar.sync 4, load segment 1
 //   8: 7 with the consumers' barrier id in a register (WS_FULL + cw.s)
 //   9: 8 + 3 + 5 (run 88: 0-6 clean, 2 reports; these are what is left of
-//      the differences from the ws kernels, BENCH.md runs 88-89)
+//      the differences from the ws kernels, BENCH.md runs 88-89; run 90:
+//      7 and 8 clean, 9 reports 3 hazards)
+//  10: 8 + 5 (no producers-/consumers-only barriers)
+//  11: 8 + 3 (no cp.async)
 #include <cstdio>
 #include <cstdlib>
 __device__ __forceinline__ void bar_sync_r(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
@@ -19,7 +22,7 @@ __device__ __forceinline__ void bar_sync_r(int id, int n) { asm volatile("bar.sy
 __device__ void two_segments(int mode, const float* in, float* out, int seg_id) {
   __shared__ __align__(16) float buf[512];
   const int t = threadIdx.x;
-  const bool pair = mode == 9, async = mode == 9, reg = mode >= 8;
+  const bool pair = mode == 9 || mode == 11, async = mode == 9 || mode == 10, reg = mode >= 8;
   if (t < 128) {
     if (pair) asm volatile("bar.sync 1, 128;" ::: "memory");
     for (int s = 0; s < 2; ++s) {

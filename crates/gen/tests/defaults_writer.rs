@@ -40,7 +40,7 @@ fn writes_replace_or_append_and_keep_everything_else() {
     assert_eq!(new.len(), old.len() + 1, "one line added");
     let removed: Vec<&&str> = old.iter().filter(|l| !new.contains(l)).collect();
     let added: Vec<&&str> = new.iter().filter(|l| !old.contains(l)).collect();
-    assert_eq!(removed, [&"  - {stage: bwd_fused, dtype: f32, cf: 32, tile: m64_n64_k16_t8x4_s2_b4_ps}"]);
+    assert_eq!(removed, [&"  - {stage: bwd_fused, dtype: f32, cf: 32, tile: m64_n64_k32_t8x4_s2_b2_px}"]);
     assert_eq!(
         added,
         [
@@ -58,7 +58,7 @@ fn writes_replace_or_append_and_keep_everything_else() {
     let exp = expand(&specs, None).unwrap();
     let by = |n: &str| exp.instances.iter().find(|i| i.name == n).unwrap();
     assert!(by("ms_bwd_fused_f32_cf32_m32_n64_k16_t8x4_s2_b6_ps").is_default);
-    assert!(!by("ms_bwd_fused_f32_cf32_m64_n64_k16_t8x4_s2_b4_ps").is_default);
+    assert!(!by("ms_bwd_fused_f32_cf32_m64_n64_k32_t8x4_s2_b2_px").is_default);
     assert_eq!(by("ms_bwd_fused_f32_cf64_m32_n64_k16_t8x4_s2_b6_ps").gpu_defaults, ["H200"]);
     // a second write of the same defaults changes nothing
     assert_eq!(write(&after, &changes).unwrap(), after);

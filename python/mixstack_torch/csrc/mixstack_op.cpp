@@ -221,8 +221,8 @@ struct Dims {
 };
 
 Dims dims(int64_t lmax, int64_t focus_dim) {
-  TORCH_CHECK_VALUE(lmax >= 1, "mixstack_stack: lmax must be >= 1, got ", lmax);
-  TORCH_CHECK_VALUE(focus_dim >= 1, "mixstack_stack: focus_dim must be >= 1, got ", focus_dim);
+  TORCH_CHECK_VALUE(lmax >= 1, "mixstack_stack: lmax must be >= 1, got ", std::to_string(lmax));
+  TORCH_CHECK_VALUE(focus_dim >= 1, "mixstack_stack: focus_dim must be >= 1, got ", std::to_string(focus_dim));
   return {lmax, focus_dim, (3 * lmax + 1) * focus_dim, (lmax + 1) * focus_dim, 2 * lmax * focus_dim, lmax * focus_dim};
 }
 
@@ -234,9 +234,11 @@ int path_code(c10::string_view path) {
                     "'");
 }
 
-// "[a, b, c]": sizes and strides in messages, formatted here rather than
-// by c10's ArrayRef stream operator (a refusal that streamed strides
-// crashed the process on the GPU machine's build, BENCH.md run 92).
+// Numbers in messages go in as std::to_string text, never as integers
+// streamed by c10::str: on the GPU machine (GCC 13.3, torch 2.11+cu130) a
+// refusal whose message streamed an int64_t crashed the process, while
+// messages of text only were refused cleanly (BENCH.md run 94,
+// bench/runs/run94/throws.py). list_of: "[a, b, c]" for sizes and strides.
 std::string list_of(at::IntArrayRef a) {
   std::string s = "[";
   for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
@@ -293,8 +295,8 @@ Call forward_call(const at::Tensor& u0, const at::Tensor& alpha, const at::Tenso
   same_kind({{"u0", &u0}, {"alpha", &alpha}, {"w0_all", &w0}, {"w1_all", &w1}, {"gw_all", &gw}});
   TORCH_CHECK_VALUE(u0.dim() == 3, "mixstack_stack: u0 must be (F, E, ROW), got ", list_of(u0.sizes()));
   const int64_t F = u0.size(0), E = u0.size(1);
-  TORCH_CHECK_VALUE(u0.size(2) == d.row, "mixstack_stack: u0 has ", u0.size(2),
-                    " columns, expected ROW = (3*lmax+1)*focus_dim = ", d.row);
+  TORCH_CHECK_VALUE(u0.size(2) == d.row, "mixstack_stack: u0 has ", std::to_string(u0.size(2)),
+                    " columns, expected ROW = (3*lmax+1)*focus_dim = ", std::to_string(d.row));
   TORCH_CHECK_VALUE(F >= 1, "mixstack_stack: u0 has F = 0 focus streams");
   shape_is("alpha", alpha, {E, F});
   return {d, code, F, E, weights(w0, w1, gw, F, d)};
