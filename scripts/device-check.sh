@@ -14,7 +14,8 @@
 # its wheel groups carried by this call or an earlier one on the warm machine:
 # scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
 # handover variants of bench/runs/run87/arrive_next.cu under racecheck (the
-# ws kernels' report, BENCH.md runs 83-90). Prints a
+# ws kernels' report, BENCH.md runs 83-90), EXP_FP16X3=1 the fp16x3 tensor-core
+# GEMM experiment of issue 20 (bench/exp/fp16x3_gemm.cu). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
@@ -51,6 +52,13 @@ if [ "${RACE_REPRO:-0}" = 1 ]; then
     compute-sanitizer --tool racecheck "$OUT/r/arrive" $m > "$OUT/r/race_mode_$m.txt" 2>&1
     echo "race repro mode $m: $(grep -E 'RACECHECK SUMMARY' "$OUT/r/race_mode_$m.txt")"
   done | tee "$OUT/r/race_repro.txt"
+fi
+if [ "${EXP_FP16X3:-0}" = 1 ]; then
+  # issue 20's first measurement: the compensated fp16x3 GEMM on mma.sync at
+  # the relay GEMM's shapes, accuracy over the range contract and time
+  nvcc -O3 -arch=sm_90 -Xptxas -v -o "$OUT/r/fp16x3" bench/exp/fp16x3_gemm.cu > "$OUT/r/fp16x3_build.txt" 2>&1 \
+    && timeout "${EXP_S:-180}" "$OUT/r/fp16x3" "${EXP_ROWS:-1292000}" "${EXP_REPS:-20}" 2>&1 | tee "$OUT/r/fp16x3.txt"
+  grep -E "registers|spill" "$OUT/r/fp16x3_build.txt" | head -4
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${TESTS_S:-300}" bash scripts/on-device.sh tests > "$OUT/r/tests.out" 2>&1; echo "tests rc=$?"

@@ -1,0 +1,299 @@
+// Issue 20 experiment, outside the pipeline: the relay GEMM's shape,
+// C[R x N] = A[R x K] @ B[K x N] (K = N = M1 = 192 or M0 = 128 at the seed,
+// R = F * E = 1,292,000 rows), on the fp16 tensor cores with the split of
+// docs/PRECISION.md: each row of A and all of B scaled by a power of two so
+// that their largest magnitude lies in [2^10, 2^11), each operand split
+// into an fp16 head and an fp16 tail scaled by 2^11, and
+// C = (Ah Bh + (Ah Bl + Al Bh) 2^-11) / (sA sB), head and tail accumulated
+// in fp32 apart (mma.sync m16n8k16, 3 products per tile).
+//
+// It answers two questions before the mode's design is fixed:
+//   1. accuracy on the GPU's own accumulation order, against fp64 on
+//      sampled rows, beside fp32 FFMA (k ascending) on the same rows, with
+//      activations scaled over 1e-6 .. 1e7 (the range contract);
+//   2. time of a plain mma.sync kernel (no ldmatrix, no TMA, no wgmma; one
+//      shared-memory stage with the next chunk staged in registers) against
+//      the relay's FFMA bwd_gemm on the same shape (mixstack bench per-kernel
+//      times: m1 2.32 ms, m0 1.08 ms per launch at the seed on an H100,
+//      BENCH.md run 91).
+// Not built by cargo. On the GPU machine:
+//   nvcc -O3 -arch=sm_90 -Xptxas -v -o /tmp/fp16x3 bench/exp/fp16x3_gemm.cu && /tmp/fp16x3 [R] [reps]
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                               \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+constexpr int BM = 128, BN = 64, BK = 32, THREADS = 256;  // 8 warps: 4 (rows) x 2 (cols), 32 x 32 each
+constexpr int PAD = 8;                                      // halves: rows 80 B apart, fragment loads conflict-free
+constexpr int AS = BK + PAD;                                // A chunk row stride (halves)
+constexpr float TAIL = 2048.f, INV_TAIL = 1.f / 2048.f;
+
+// 2^(11 - x) for max = m * 2^x, m in [0.5, 1): max * scale in [2^10, 2^11).
+__host__ __device__ inline float pow2_scale(float mx) {
+  if (!(mx > 0.f) || !isfinite(mx)) return 1.f;
+  int x;
+  frexpf(mx, &x);
+  return ldexpf(1.f, 11 - x);
+}
+
+// fp16 values as their bits (no cuda_fp16.h: the build's toolchain wheels
+// have no CCCL headers); cvt rounds to nearest even.
+typedef uint16_t half_t;
+__device__ inline half_t f2h(float v) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return h;
+}
+__device__ inline float h2f(half_t h) {
+  float v;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(h));
+  return v;
+}
+__device__ inline void split(float v, half_t& h, half_t& l) {
+  h = f2h(v);
+  l = f2h((v - h2f(h)) * TAIL);
+}
+// Two halves as one 32-bit word, the first (lower address) in the low bits.
+__device__ inline uint32_t pack(half_t a, half_t b) { return (uint32_t)a | ((uint32_t)b << 16); }
+
+// One warp per row: the row's largest magnitude, its scale.
+__global__ void row_scales(const float* __restrict__ A, float* __restrict__ sA, long long R, int K) {
+  const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= R) return;
+  float mx = 0.f;
+  for (int k = threadIdx.x % 32; k < K; k += 32) mx = fmaxf(mx, fabsf(A[row * K + k]));
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (threadIdx.x % 32 == 0) sA[row] = pow2_scale(mx);
+}
+
+// B (K x N, row-major) -> transposed fp16 head and tail (N x K), scaled by sB.
+__global__ void split_b(const float* __restrict__ B, half_t* __restrict__ bh, half_t* __restrict__ bl, int K, int N,
+                        float sB) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= K * N) return;
+  const int k = i / N, n = i % N;
+  half_t h, l;
+  split(B[i] * sB, h, l);
+  bh[n * K + k] = h;
+  bl[n * K + k] = l;
+}
+
+__device__ inline void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ inline uint32_t ld32(const half_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// C = A @ B, the compensated product. Block: BM rows x BN columns; K in BK
+// chunks, each A chunk split into head / tail halves in shared memory as it
+// lands (the next chunk's floats already in registers).
+__global__ void __launch_bounds__(THREADS, 1)
+    gemm_fp16x3(const float* __restrict__ A, const float* __restrict__ sA, const half_t* __restrict__ bh,
+                const half_t* __restrict__ bl, float invB, float* __restrict__ C, long long R, int K, int N) {
+  __shared__ __align__(16) half_t ah_s[BM * AS], al_s[BM * AS], bh_s[BN * AS], bl_s[BN * AS];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 2, wn = warp % 2;
+  const int g = lane / 4, t = lane % 4;
+  const long long r0 = (long long)blockIdx.x * BM;
+  const int n0 = blockIdx.y * BN;
+  float acc_h[2][4][4] = {}, acc_t[2][4][4] = {};
+
+  // A chunk: BM x BK floats = 1024 float4, 4 per thread; B chunk: BN x BK
+  // halves per part = 256 16-byte pieces, one per thread per part.
+  float4 va[4];
+  float sc[4];
+  auto load_a = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int idx = tid + i * THREADS, m = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+      const long long row = r0 + m;
+      va[i] = row < R ? *reinterpret_cast<const float4*>(A + row * K + k0 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      sc[i] = row < R ? sA[row] : 1.f;
+    }
+  };
+  auto store_a = [&]() {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int idx = tid + i * THREADS, m = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+      const float v[4] = {va[i].x * sc[i], va[i].y * sc[i], va[i].z * sc[i], va[i].w * sc[i]};
+      half_t h[4], l[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) split(v[j], h[j], l[j]);
+      *reinterpret_cast<uint2*>(ah_s + m * AS + c) = make_uint2(pack(h[0], h[1]), pack(h[2], h[3]));
+      *reinterpret_cast<uint2*>(al_s + m * AS + c) = make_uint2(pack(l[0], l[1]), pack(l[2], l[3]));
+    }
+  };
+  auto copy_b = [&](int k0) {
+    const int n = tid / (BK / 8), c = (tid % (BK / 8)) * 8;  // 64 rows x 4 pieces of 8 halves
+    const bool in = n0 + n < N;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(bh_s + n * AS + c) = in ? *reinterpret_cast<const uint4*>(bh + (n0 + n) * K + k0 + c) : z;
+    *reinterpret_cast<uint4*>(bl_s + n * AS + c) = in ? *reinterpret_cast<const uint4*>(bl + (n0 + n) * K + k0 + c) : z;
+  };
+
+  load_a(0);
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    __syncthreads();  // the previous chunk's fragments are read
+    store_a();
+    copy_b(k0);
+    if (k0 + BK < K) load_a(k0 + BK);  // in flight under this chunk's mma
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      uint32_t ahf[2][4], alf[2][4], bhf[4][2], blf[4][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int m = wm * 32 + i * 16 + g;
+        const half_t* ph = ah_s + m * AS + kk + 2 * t;
+        const half_t* pl = al_s + m * AS + kk + 2 * t;
+        ahf[i][0] = ld32(ph), ahf[i][1] = ld32(ph + 8 * AS), ahf[i][2] = ld32(ph + 8), ahf[i][3] = ld32(ph + 8 * AS + 8);
+        alf[i][0] = ld32(pl), alf[i][1] = ld32(pl + 8 * AS), alf[i][2] = ld32(pl + 8), alf[i][3] = ld32(pl + 8 * AS + 8);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = wn * 32 + j * 8 + g;
+        const half_t* ph = bh_s + n * AS + kk + 2 * t;
+        const half_t* pl = bl_s + n * AS + kk + 2 * t;
+        bhf[j][0] = ld32(ph), bhf[j][1] = ld32(ph + 8);
+        blf[j][0] = ld32(pl), blf[j][1] = ld32(pl + 8);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mma16816(acc_h[i][j], ahf[i], bhf[j]);
+          mma16816(acc_t[i][j], ahf[i], blf[j]);
+          mma16816(acc_t[i][j], alf[i], bhf[j]);
+        }
+    }
+  }
+  // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8.
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const long long row = r0 + wm * 32 + i * 16 + g + 8 * h;
+      if (row >= R) continue;
+      const float inv = invB / sA[row];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = n0 + wn * 32 + j * 8 + 2 * t;
+        if (n >= N) continue;
+        float2 o;
+        o.x = (acc_h[i][j][2 * h] + acc_t[i][j][2 * h] * INV_TAIL) * inv;
+        o.y = (acc_h[i][j][2 * h + 1] + acc_t[i][j][2 * h + 1] * INV_TAIL) * inv;
+        *reinterpret_cast<float2*>(C + row * N + n) = o;
+      }
+    }
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double uni() {  // [-1, 1)
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (double)(rng >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+int main(int argc, char** argv) {
+  const long long R = argc > 1 ? std::atoll(argv[1]) : 1292000;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 20;
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# fp16x3 mma.sync GEMM on %s: R = %lld rows, median of %d\n", prop.name, R, reps);
+  const int SAMPLE = 2048;  // rows checked against fp64, spread over R
+  for (int K : {192, 128}) {
+    const int N = K;
+    std::vector<float> B((size_t)K * N);
+    for (auto& b : B) b = (float)(uni() / std::sqrt((double)K));
+    float bmax = 0.f;
+    for (float b : B) bmax = std::fmax(bmax, std::fabs(b));
+    const float sB = pow2_scale(bmax);
+    float *dA, *dB, *dC, *dsA;
+    half_t *dbh, *dbl;
+    CK(cudaMalloc(&dA, R * K * sizeof(float)));
+    CK(cudaMalloc(&dC, R * N * sizeof(float)));
+    CK(cudaMalloc(&dsA, R * sizeof(float)));
+    CK(cudaMalloc(&dB, (size_t)K * N * sizeof(float)));
+    CK(cudaMalloc(&dbh, (size_t)K * N * sizeof(half_t)));
+    CK(cudaMalloc(&dbl, (size_t)K * N * sizeof(half_t)));
+    CK(cudaMemcpy(dB, B.data(), B.size() * sizeof(float), cudaMemcpyHostToDevice));
+    split_b<<<(K * N + 255) / 256, 256>>>(dB, dbh, dbl, K, N, sB);
+    std::vector<float> A((size_t)R * K);
+    for (double scale : {1e-6, 1e-3, 1.0, 1e3, 1e7}) {
+      for (auto& a : A) a = (float)(uni() * scale);
+      CK(cudaMemcpy(dA, A.data(), A.size() * sizeof(float), cudaMemcpyHostToDevice));
+      CK(cudaMemset(dC, 0xff, R * N * sizeof(float)));  // NaN: an unwritten element shows
+      const dim3 grid((unsigned)((R + BM - 1) / BM), (unsigned)((N + BN - 1) / BN));
+      cudaEvent_t e0, e1, e2;
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
+      CK(cudaEventCreate(&e2));
+      std::vector<float> t_scale, t_gemm;
+      for (int r = 0; r < reps + 2; ++r) {
+        CK(cudaEventRecord(e0));
+        row_scales<<<(unsigned)((R + 7) / 8), 256>>>(dA, dsA, R, K);
+        CK(cudaEventRecord(e1));
+        gemm_fp16x3<<<grid, THREADS>>>(dA, dsA, dbh, dbl, 1.f / sB, dC, R, K, N);
+        CK(cudaEventRecord(e2));
+        CK(cudaEventSynchronize(e2));
+        float a, b;
+        CK(cudaEventElapsedTime(&a, e0, e1));
+        CK(cudaEventElapsedTime(&b, e1, e2));
+        if (r >= 2) t_scale.push_back(a), t_gemm.push_back(b);
+      }
+      CK(cudaGetLastError());
+      std::sort(t_scale.begin(), t_scale.end());
+      std::sort(t_gemm.begin(), t_gemm.end());
+      // accuracy on SAMPLE rows: fp16x3 and fp32 FFMA (k ascending) against fp64
+      std::vector<float> Cs((size_t)N);
+      double e3 = 0, ef = 0, ref = 0, max3 = 0, maxf = 0, maxref = 0;
+      long long nonfinite = 0;
+      for (int s = 0; s < SAMPLE; ++s) {
+        const long long row = (long long)((double)s / SAMPLE * R);
+        CK(cudaMemcpy(Cs.data(), dC + row * N, N * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int n = 0; n < N; ++n) {
+          double c64 = 0;
+          float c32 = 0.f;
+          for (int k = 0; k < K; ++k) {
+            c64 += (double)A[row * K + k] * (double)B[(size_t)k * N + n];
+            c32 = std::fmaf(A[row * K + k], B[(size_t)k * N + n], c32);
+          }
+          if (!std::isfinite(Cs[n])) ++nonfinite;
+          e3 += (Cs[n] - c64) * (Cs[n] - c64), ef += (c32 - c64) * (c32 - c64), ref += c64 * c64;
+          max3 = std::fmax(max3, std::fabs(Cs[n] - c64)), maxf = std::fmax(maxf, std::fabs(c32 - c64));
+          maxref = std::fmax(maxref, std::fabs(c64));
+        }
+      }
+      const double gm = t_gemm[t_gemm.size() / 2];
+      const double bytes = (double)R * (K + N) * sizeof(float);
+      std::printf(
+          "K=N=%d |A|<=%.0e: gemm %.3f ms (%.0f GB/s of A+C, %.1f TFLOP/s of the 3 fp16 products), row scales %.3f ms; "
+          "rel L2 fp16x3 %.2e, fp32 FFMA %.2e; max abs / max |C| fp16x3 %.2e, FFMA %.2e; non-finite %lld\n",
+          K, scale, gm, bytes / gm / 1e6, 3 * 2.0 * R * K * N / gm / 1e9, t_scale[t_scale.size() / 2], std::sqrt(e3 / ref),
+          std::sqrt(ef / ref), max3 / maxref, maxf / maxref, nonfinite);
+      CK(cudaEventDestroy(e0));
+      CK(cudaEventDestroy(e1));
+      CK(cudaEventDestroy(e2));
+    }
+    CK(cudaFree(dA));
+    CK(cudaFree(dC));
+    CK(cudaFree(dsA));
+    CK(cudaFree(dB));
+    CK(cudaFree(dbh));
+    CK(cudaFree(dbl));
+  }
+  return 0;
+}
