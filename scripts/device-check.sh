@@ -7,7 +7,7 @@
 # GPU_TESTS="filters" only those gpu_stack tests, BENCH="seed cf64 f1" relay
 # against fused benches (REPS each), TILES="seed cf64 f1" every fused tile
 # matching MATCH against the relay (scripts/fused-tiles.sh), SWEEP=1 the Cf x
-# lmax sweep (scripts/fused-sweep.sh), TUNE="seed" mixstack tune --write and
+# lmax sweep (scripts/fused-sweep.sh; EXTRA="tile ..." adds tiles there, raise SWEEP_S), TUNE="seed" mixstack tune --write and
 # its winners against the defaults (scripts/tune-check.sh), PROBE=1 a short fused bench first
 # that ends the call if it fails, PROBE_TILES=1 each fused tile (matching MATCH) alone
 # at the seed under a 30 s timeout, bitwise against the relay, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
@@ -46,7 +46,7 @@ for i in json.load(sys.stdin)['instances']:
   done | tee "$OUT/r/probe_tiles.txt"
 fi
 if [ "${RACE_REPRO:-0}" = 1 ]; then
-  # 0 must be clean and 2 must report; 3-6 are the ws kernels' differences
+  # 0 must be clean and 2 must report; 3-11 are the ws kernels' differences
   # (each mode's whole report kept: race_mode_M.txt)
   nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6 7 8 9 10 11; do
     compute-sanitizer --tool racecheck "$OUT/r/arrive" $m > "$OUT/r/race_mode_$m.txt" 2>&1

@@ -10,7 +10,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
-extra=(${EXTRA:-})
+read -ra extra <<< "${EXTRA:-}"
 head="| Cf | lmax | relay bwd ms | fused bwd ms | fused / relay |"
 rule="| --- | --- | --- | --- | --- |"
 for t in "${extra[@]}"; do head+=" $t / relay |"; rule+=" --- |"; done
@@ -31,6 +31,8 @@ except Exception as e:
     print(f"| {cf} | {l} | failed: {e} | | |" + " |" * len(extra) + " |"); sys.exit()
 b = {v["label"]: v["median_ms"] for v in d["backward"]}
 r, f = b.get("relay"), b.get("fused")
+if r is None or f is None:
+    print(f"| {cf} | {l} | relay {r} | fused {f} | left out |" + " |" * len(extra) + " |"); sys.exit()
 eq = d.get("fused_bitwise_equal_to_relay")
 cols = []
 for t in extra:

@@ -23,8 +23,9 @@ if [ "$what" = all ] || [ "$what" = python ]; then
   echo "== libmixstack_torch.so"; python3 -m mixstack_torch._ext 2>&1 | tail -3
   # which C++ runtimes a Python process with torch and the op maps (BENCH.md
   # run 94: integer formatting in the op crashed here, text did not)
-  python3 -c "import mixstack_torch, torch; torch.ops.mixstack.stack; print(open('/proc/self/maps').read())" 2>&1 \
-    | grep -oE "/[^ ]*(libstdc\+\+|libgcc_s)[^ ]*" | sort -u | tee "$OUT/cxx_runtimes.txt"
+  python3 -c "import mixstack_torch, torch; torch.ops.mixstack.stack; print(open('/proc/self/maps').read())" \
+    > "$OUT/maps.txt" 2>&1 || echo "maps: the import failed (maps.txt)"
+  grep -oE "/[^ ]*(libstdc\+\+|libgcc_s)[^ ]*" "$OUT/maps.txt" | sort -u | tee "$OUT/cxx_runtimes.txt"
   # test_torch_op.py again past a test that crashed the process (at most
   # twice), so one crash does not hide the tests after it
   skip=""

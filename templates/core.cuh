@@ -249,8 +249,8 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
 // out(m, j, gzs[m][j]), gzs = g_s * silu'(s) + sum_c glog[m][c] * GW[j][c]
 // (c ascending, GW read transposed): the scalar chain; zero past E. With
 // ZS_SH, s comes from zs_sh (rows CF apart), where the fused per-row work
-// holds it in shared memory (one L2 round trip fewer on its producers'
-// path); else from z.
+// holds it in shared memory (one L2 round trip fewer on that work's path,
+// on producers or on the whole block); else from z.
 template <typename T, int CF, int ROWS, int THREADS, bool ZS_SH = false, typename Out>
 __device__ __forceinline__ void compute_gzs_rows(Out out, const T* glog_sh,
                                                  const T* __restrict__ gwtf,

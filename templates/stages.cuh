@@ -451,8 +451,9 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
 // pointwise kernels compute for rows e0.., with their own functions. s
 // (the scalar slice of z), sig = sigmoid(s @ GW), then g_logit GB rows at a
 // time (a GB x LG buffer, not BM x LG: what lets more blocks share an SM)
-// and the scalar chain gz_s over s's buffer (s is dead once sig is formed);
-// sync() between phases.
+// and the scalar chain gz_s over s's buffer (each element read as z's
+// scalar slice, then overwritten with gz_s, by one thread); sync() between
+// phases.
 template <typename T, int CF, int BM, int THREADS, typename S>
 struct RowWork {
   // Rows of the g_logit buffer (crates/gen/src/layout.rs: GLOG_SUB_ROWS).
@@ -483,8 +484,8 @@ struct RowWork {
       compute_glogit_rows<T, CF, GB, THREADS>(glog, sig + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
       sync();
       // gz_s over s in place: each (m, j) is read, then written, by one thread.
-      compute_gzs_rows<T, CF, GB, THREADS, true>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog, gwtf, gf, zf,
-                                           e0 + r0, E, LG, ROW, s + r0 * CF);
+      compute_gzs_rows<T, CF, GB, THREADS, true>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog, gwtf,
+                                                 gf, zf, e0 + r0, E, LG, ROW, s + r0 * CF);
       sync();
     }
   }

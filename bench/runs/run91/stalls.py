@@ -11,15 +11,30 @@ import os
 
 here = os.path.dirname(os.path.abspath(__file__))
 rows = list(csv.reader(gzip.open(os.path.join(here, "ncu_sass.csv.gz"), "rt")))
-kernels = []
+# Every launch of a kernel, its instructions' counters summed by address
+# (the relay's bwd_gemm runs twice per layer: the m0 and the m1 segment).
+kernels = {}
 for i, r in enumerate(rows):
     if r and r[0] == "Kernel Name":
-        hdr, ins, j = rows[i + 1], [], i + 2
+        hdr, j = rows[i + 1], i + 2
+        launch = []
         while j < len(rows) and rows[j] and rows[j][0] != "Kernel Name":
-            ins.append(dict(zip(hdr, rows[j])))
+            launch.append(dict(zip(hdr, rows[j])))
             j += 1
-        kernels.append((r[1], ins))
+        kernels.setdefault(r[1], []).append(launch)
 SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def merged(launches):
+    """One instruction list, each numeric counter summed over the launches."""
+    out = []
+    for k, first in enumerate(launches[0]):
+        row = dict(first)
+        for c in first:
+            if c.startswith("stall_") or c in (SAMPLES, "Instructions Executed"):
+                row[c] = str(sum(int(l[k][c]) for l in launches))
+        out.append(row)
+    return out
 
 
 def summary(name, ins, tot):
@@ -32,21 +47,21 @@ def summary(name, ins, tot):
     print(f"  {name}: {100 * s / tot:.1f}% of samples, {ex / 1e6:.0f}M warp instructions ({ffma / 1e6:.0f}M FFMA); {top}")
 
 
-seen = set()
-for name, ins in kernels:
-    if name in seen:
-        continue
-    seen.add(name)
+for name, launches in kernels.items():
+    ins = merged(launches)
     tot = sum(int(r[SAMPLES]) for r in ins)
-    print(name)
+    print(f"{name} ({len(launches)} launches, summed)")
     summary("whole kernel", ins, tot)
     if "_px" not in name:
         continue
     split = 1 + next(k for k, r in enumerate(ins) if "DEPBAR" in ins[k - 1]["Source"] and r["Source"].strip() == "EXIT")
-    bars = [k for k, r in enumerate(ins) if k > split and "BAR.SYNC.DEFER_BLOCKING 0x1," in r["Source"]]
+    # each phase ends with (and includes) its BAR.SYNC 0x1 wait
+    bars = [k + 1 for k, r in enumerate(ins) if k > split and "BAR.SYNC.DEFER_BLOCKING 0x1," in r["Source"]]
     summary("consumers", ins[:split], tot)
     summary("producers", ins[split:], tot)
     cuts = [split] + bars + [len(ins)]
-    names = ["producers: load s", "producers: sig", "producers: g_logit", "producers: gz_s (and the loop's tail)"]
-    for n, (a, b) in zip(names + [f"producers: part {i}" for i in range(10)], zip(cuts, cuts[1:])):
+    names = ["producers: EMPTY wait, load s", "producers: sig", "producers: g_logit", "producers: gz_s",
+             "producers: tail (FULL arrive, loops, exit)"]
+    for n, (a, b) in zip(names, zip(cuts, cuts[1:])):
         summary(n, ins[a:b], tot)
+    assert len(cuts) - 1 == len(names), f"{len(cuts) - 1} phases, {len(names)} names"

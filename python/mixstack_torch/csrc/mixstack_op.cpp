@@ -235,10 +235,11 @@ int path_code(c10::string_view path) {
 }
 
 // Numbers in messages go in as std::to_string text, never as integers
-// streamed by c10::str: on the GPU machine (GCC 13.3, torch 2.11+cu130) a
-// refusal whose message streamed an int64_t crashed the process, while
-// messages of text only were refused cleanly (BENCH.md run 94,
-// bench/runs/run94/throws.py). list_of: "[a, b, c]" for sizes and strides.
+// streamed by c10::str. A workaround: on the GPU machine (GCC 13.3, torch
+// 2.11+cu130) a refusal whose message streamed an int64_t crashed the
+// process, while messages of text only were refused cleanly; the cause is
+// not established (BENCH.md run 94, bench/runs/run94/throws.py).
+// list_of: "[a, b, c]" for sizes and strides.
 std::string list_of(at::IntArrayRef a) {
   std::string s = "[";
   for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
