@@ -436,3 +436,28 @@ fn producers_count_toward_the_block_size() {
     let stream = big.replace("pipe: split", "pipe: stream");
     assert!(spec::load(&specs_with("tiles.yaml", |t| t.replace(entry, &stream))).is_ok());
 }
+
+/// The Cf 32 fused default was measured at the occupancy its tile was built
+/// for (`min_blocks` blocks per SM) at the seed's lmax 3 (BENCH.md runs 90
+/// and 93); a spec edit that grows its shared memory past that changes what
+/// was measured, so it fails here, not on a GPU. An sm_90 SM holds 228 KiB
+/// of shared memory, of which each resident block reserves 1 KiB.
+#[test]
+fn the_fused_default_keeps_its_measured_occupancy_at_the_seed() {
+    const SM_SMEM: u32 = 228 * 1024;
+    const RESERVED_PER_BLOCK: u32 = 1024;
+    let s = spec::load(&crate_dir().join("specs")).unwrap();
+    let exp = expand(&s, None).unwrap();
+    let i = exp
+        .instances
+        .iter()
+        .find(|i| i.stage == Stage::BwdFused && i.dtype == Dtype::F32 && i.cf == 32 && i.is_default)
+        .expect("a generic Cf 32 bwd_fused default");
+    let Geometry::Gemm { min_blocks, .. } = i.geometry else { unreachable!() };
+    let per_block = i.layout.bytes(32, 3) + RESERVED_PER_BLOCK;
+    assert!(
+        min_blocks * per_block <= SM_SMEM,
+        "{}: {min_blocks} blocks of {per_block} bytes do not fit an sm_90 SM's {SM_SMEM} at lmax 3",
+        i.name
+    );
+}
