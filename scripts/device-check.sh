@@ -35,11 +35,7 @@ if [ "${PROBE_TILES:-0}" = 1 ]; then
   # each accepted fused tile of the seed alone, 30 s each, checked bitwise
   # against the relay: a tile that hangs (a barrier mismatch) or faults is
   # named here, not found by a test that runs into the call's limit
-  for n in $(.device/mixstack report --json | python3 -c "
-import json, sys
-for i in json.load(sys.stdin)['instances']:
-    if i['stage'] == 'bwd_fused' and i['cf'] == 32 and i['accepted'] and i.get('arch', 'sm_90') == 'sm_90':
-        print(i['name'])" | grep -E "${MATCH:-.}" | sort -u); do
+  for n in $(bash scripts/instances.sh bwd_fused 32); do
     timeout 30 .device/mixstack bench --preset seed --reps 1 --variant relay --variant "fused:bwd_fused=$n" \
       > "$OUT/r/probe_$n.out" 2>&1
     rc=$?; echo "probe $n: rc $rc $(grep -oE 'bitwise.*(EQUAL|DIFFER[A-Z]*)' "$OUT/r/probe_$n.out" | tail -1)"

@@ -12,11 +12,7 @@ if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .devic
 cf=$(echo "$@" | grep -oE -- "--cf [0-9]+" | awk '{print $2}')
 case " $* " in *"--preset cf64"*) cf=64;; esac
 v=(--variant relay --variant fused)
-for n in $(.device/mixstack report --json | python3 -c "
-import json, sys
-for i in json.load(sys.stdin)['instances']:
-    if i['stage'] == 'bwd_fused' and i['cf'] == ${cf:-32} and i['accepted']:
-        print(i['name'])" | grep -E "${MATCH:-.}"); do v+=(--variant "fused:bwd_fused=$n"); done
+for n in $(bash scripts/instances.sh bwd_fused "${cf:-32}"); do v+=(--variant "fused:bwd_fused=$n"); done
 .device/mixstack bench "$@" --reps "${REPS:-10}" "${v[@]}" --json "$OUT/fused_$name.json" > "$OUT/fused_$name.log" 2>&1
 echo "rc=$? $name"
 grep -vE "^    " "$OUT/fused_$name.log" | tail -40

@@ -8,12 +8,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 preset=$1; cf=$2
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
-names() { .device/mixstack report --json | python3 -c "
-import json, sys
-d = json.load(sys.stdin)
-for i in d['instances']:
-    if i['stage'] == '$1' and i['dtype'] == 'f32' and i['cf'] == $cf and i['accepted']:
-        print(i['name'])" | grep -E "${MATCH:-.}"; }
+names() { bash scripts/instances.sh "$1" "$cf"; }
 v=(--variant relay)
 finals=$(names bwd_final)
 for n in $(names bwd_gemm); do

@@ -247,21 +247,18 @@ __device__ __forceinline__ void compute_glogit_rows(T* glog_sh, const T* sig_sh,
 }
 
 // out(m, j, gzs[m][j]), gzs = g_s * silu'(s) + sum_c glog[m][c] * GW[j][c]
-// (c ascending, GW read transposed): the scalar chain; zero past E. With
-// ZS_SH, s comes from zs_sh (rows CF apart), where the fused per-row work
-// holds it in shared memory (one L2 round trip fewer on that work's path,
-// on producers or on the whole block); else from z.
-template <typename T, int CF, int ROWS, int THREADS, bool ZS_SH = false, typename Out>
-__device__ __forceinline__ void compute_gzs_rows(Out out, const T* glog_sh,
+// (c ascending, GW read transposed): the scalar chain; zero past E. zs(m, e,
+// j) gives s: z's scalar slice from memory in the relay, from the shared
+// buffer the fused per-row work already holds (one L2 round trip fewer on
+// its path).
+template <typename T, int CF, int ROWS, int THREADS, typename Out, typename Zs>
+__device__ __forceinline__ void compute_gzs_rows(Out out, Zs zs, const T* glog_sh,
                                                  const T* __restrict__ gwtf,
                                                  const T* __restrict__ gf,
-                                                 const T* __restrict__ zf,
-                                                 i64 e0, i64 E, int LG, int ROW, const T* zs_sh = nullptr) {
+                                                 i64 e0, i64 E, int LG, int ROW) {
   rows_gemm<T, ROWS, THREADS, CF>(glog_sh, LG, gwtf, LG, CF, [&](int m, int j, T acc) {
     const i64 e = e0 + m;
-    out(m, j,
-        e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], ZS_SH ? zs_sh[m * CF + j] : zf[e * ROW + j]), acc)
-              : T(0));
+    out(m, j, e < E ? op_residual<T>(op_dsilu_mul<T>(gf[e * ROW + j], zs(m, e, j)), acc) : T(0));
   });
 }
 

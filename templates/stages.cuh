@@ -427,7 +427,8 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
       [&](int m, int j, T v) {
         if (e0 + m < E) gzf[(e0 + m) * d.ROW + j] = v;
       },
-      glog_sh, gwt + (i64)f * d.LG * CF, gf, zf, e0, E, d.LG, d.ROW);
+      [&](int, i64 e, int j) { return zf[e * d.ROW + j]; }, glog_sh, gwt + (i64)f * d.LG * CF, gf, e0, E, d.LG,
+      d.ROW);
 }
 
 // Relay 3/3: g_next[seg] = g[seg] + gz_seg @ W_seg^T.
@@ -484,8 +485,10 @@ struct RowWork {
       compute_glogit_rows<T, CF, GB, THREADS>(glog, sig + r0 * LG, gf, zf, e0 + r0, E, L, LG, ROW);
       sync();
       // gz_s over s in place: each (m, j) is read, then written, by one thread.
-      compute_gzs_rows<T, CF, GB, THREADS, true>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; }, glog, gwtf,
-                                                 gf, zf, e0 + r0, E, LG, ROW, s + r0 * CF);
+      const T* zs = s + r0 * CF;
+      compute_gzs_rows<T, CF, GB, THREADS>([&](int m, int j, T v) { s[(r0 + m) * CF + j] = v; },
+                                           [&](int m, i64, int j) { return zs[m * CF + j]; }, glog, gwtf, gf, e0 + r0,
+                                           E, LG, ROW);
       sync();
     }
   }

@@ -165,11 +165,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
-    if let Geometry::Gemm { block_k, .. } = *g {
-        let pipe = match *g {
-            Geometry::Gemm { pipe, .. } => pipe,
-            Geometry::Rows { .. } => unreachable!(),
-        };
+    if let Geometry::Gemm { block_k, pipe, .. } = *g {
         if variant == Variant::Fused && !pipe.persistent() {
             return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
         }
