@@ -201,10 +201,281 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 }
 
+// ---------------------------------------------------------------------------
+// Variant 2, the candidate core for the mode: persistent blocks, each with
+// its column tile of B split once into fp16 head / tail in shared memory
+// (n-major, read with ldmatrix), A streamed in fp32 through a cp.async ring
+// of BK-wide chunks across the block's row tiles, each warp splitting its
+// own A fragments in registers. The scale is per (row, K chunk): a power of
+// two from the chunk's row max (a quad's shuffles), so no pre-pass and no
+// per-row state; each chunk's head and tail products land in zeroed
+// fragments and fold into the fp32 result as (h + t 2^-11) * 2^-x, the same
+// instruction sequence wherever the core runs (relay or fused: bitwise).
+namespace v2 {
+constexpr int BN = 64, WM = 32, WN = 32;  // warp tile: 2 m16 x 4 n8
+constexpr int APAD = 8;                    // floats: float2 fragment loads conflict-free
+
+__device__ inline uint32_t f2h2(float lo, float hi) {  // two floats -> f16x2, lo in the low half
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ inline float2 h22f(uint32_t h) {
+  float2 v;
+  asm("{ .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h; }" : "=f"(v.x), "=f"(v.y) : "r"(h));
+  return v;
+}
+// x * s split into head and tail (tail scaled by 2^11), two at a time.
+__device__ inline void split2(float2 x, float s, uint32_t& h, uint32_t& l) {
+  x.x *= s, x.y *= s;
+  h = f2h2(x.x, x.y);
+  const float2 hb = h22f(h);
+  l = f2h2((x.x - hb.x) * TAIL, (x.y - hb.y) * TAIL);
+}
+// 2^(11 - x) for mx = m 2^x (m in [0.5, 1)), and its inverse, from the bits:
+// exact powers of two; a zero or non-finite max gives 1 (the row's values
+// then pass unscaled: zeros stay zero, inf / NaN stay non-finite).
+__device__ inline void scale_of(float mx, float& s, float& inv) {
+  const int ex = (int)((__float_as_uint(mx) >> 23) & 0xff);  // x = ex - 126 for normal mx
+  if (ex == 0 || ex == 255) {
+    s = 1.f, inv = 1.f;
+    return;
+  }
+  const int x = ex - 126;
+  const int es = min(max(127 + 11 - x, 1), 254), ei = min(max(127 - 11 + x, 1), 254);
+  s = __uint_as_float((uint32_t)es << 23), inv = __uint_as_float((uint32_t)ei << 23);
+}
+__device__ inline void ldsm4(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ inline void mma_z(float* c, const uint32_t* a, const uint32_t* b) {  // c = a b (fresh)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.f));
+}
+__device__ inline unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ inline void cp16(unsigned dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+template <int BM, int BK, int ST>
+struct Cfg {
+  static constexpr int WARPS = (BM / WM) * (BN / WN), THREADS = WARPS * 32;
+  static constexpr int AK = BK + APAD;
+  static int smem(int K) { return 2 * BN * (K + 8) * 2 + ST * BM * AK * 4; }
+};
+
+template <int BM, int BK, int ST>
+__global__ void __launch_bounds__(Cfg<BM, BK, ST>::THREADS)
+    gemm_x3(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, long long R, int K, int N) {
+  typedef Cfg<BM, BK, ST> CF;
+  extern __shared__ __align__(16) unsigned char sm[];
+  const int BP = K + 8;  // halves per panel row (n-major): 4 words of skew per row
+  uint16_t* bph = reinterpret_cast<uint16_t*>(sm);
+  uint16_t* bpl = bph + BN * BP;
+  float* As = reinterpret_cast<float*>(sm + 2 * BN * BP * 2);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN), g = lane / 4, t = lane % 4;
+  const int NT = N / BN, KT = K / BK;
+  const long long RT = (R + BM - 1) / BM, tiles = RT * NT;
+  const long long my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const long long chunks = my_tiles * KT;
+
+  auto load = [&](long long q) {  // chunk q of this block's walk -> stage q % ST
+    const long long tile = blockIdx.x + (q / KT) * gridDim.x;
+    const long long r0 = (tile / NT) * BM;
+    const int k0 = (int)(q % KT) * BK;
+    float* as = As + (int)(q % ST) * BM * CF::AK;
+    for (int v = tid; v < BM * BK / 4; v += CF::THREADS) {
+      const int m = v / (BK / 4), c = (v % (BK / 4)) * 4;
+      const bool ok = r0 + m < R;
+      cp16(saddr(as + m * CF::AK + c), ok ? A + (r0 + m) * K + k0 + c : A, ok ? 16 : 0);
+    }
+  };
+  int panel_col = -1;
+  float acc[2][4][4];
+  for (long long q = 0; q < ST - 1; ++q) {
+    if (q < chunks) load(q);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  for (long long q = 0; q < chunks; ++q) {
+    const long long tile = blockIdx.x + (q / KT) * gridDim.x;
+    const int kc = (int)(q % KT), n0 = (int)(tile % NT) * BN;
+    if (kc == 0 && n0 != panel_col) {  // this tile's column of B, split (once per block when gridDim % NT == 0)
+      __syncthreads();
+      for (int i = tid; i < K * BN; i += CF::THREADS) {
+        const int k = i / BN, n = i % BN;
+        const float b = B[(long long)k * N + n0 + n];
+        const uint16_t h = f2h(b);
+        bph[n * BP + k] = h, bpl[n * BP + k] = f2h((b - h2f(h)) * TAIL);
+      }
+      panel_col = n0;
+    }
+    if (kc == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+    }
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
+    __syncthreads();  // chunk q landed (and the panel is split); stage (q - 1) % ST is free
+    if (q + ST - 1 < chunks) load(q + ST - 1);
+    asm volatile("cp.async.commit_group;\n" ::);
+    const float* as = As + (int)(q % ST) * BM * CF::AK;
+    // One m16 tile at a time (fewer live fragments): its rows' scales for
+    // this chunk (rows g and g + 8, max over the quad), then the chunk's
+    // products into fresh fragments, folded into acc.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float s[2], inv[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* row = as + (wm * WM + i * 16 + g + 8 * h) * CF::AK + 2 * t;
+        float mx = 0.f;
+#pragma unroll
+        for (int k = 0; k < BK; k += 8) {
+          const float2 v = *reinterpret_cast<const float2*>(row + k);
+          mx = fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y)));
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        scale_of(mx, s[h], inv[h]);
+      }
+      float ch[4][4], ct[4][4];
+#pragma unroll
+      for (int kk = 0; kk < BK; kk += 16) {
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // a0a1: (g, 2t), a2a3: (g+8, 2t), a4a5: (g, 2t+8), a6a7: (g+8, 2t+8)
+          const int h = r % 2, m = wm * WM + i * 16 + g + 8 * h, k = kk + 2 * t + 8 * (r / 2);
+          split2(*reinterpret_cast<const float2*>(as + m * CF::AK + k), s[h], ah[r], al[r]);
+        }
+        uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          const int mi = lane / 8, n = wn * WN + (j + mi / 2) * 8 + lane % 8, k = kc * BK + kk + (mi % 2) * 8;
+          uint32_t r[4];
+          ldsm4(r, saddr(bph + n * BP + k));
+          bh[j][0] = r[0], bh[j][1] = r[1], bh[j + 1][0] = r[2], bh[j + 1][1] = r[3];
+          ldsm4(r, saddr(bpl + n * BP + k));
+          bl[j][0] = r[0], bl[j][1] = r[1], bl[j + 1][0] = r[2], bl[j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (kk == 0) {
+            mma_z(ch[j], ah, bh[j]);
+            mma_z(ct[j], ah, bl[j]);
+          } else {
+            mma16816(ch[j], ah, bh[j]);
+            mma16816(ct[j], ah, bl[j]);
+          }
+          mma16816(ct[j], al, bh[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[i][j][c] = fmaf(fmaf(ct[j][c], INV_TAIL, ch[j][c]), inv[c / 2], acc[i][j][c]);
+    }
+    if (kc == KT - 1) {  // the tile's epilogue, straight from the fragments
+      const long long r0 = (tile / NT) * BM;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long row = r0 + wm * WM + i * 16 + g + 8 * h;
+          if (row >= R) continue;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int n = n0 + wn * WN + j * 8 + 2 * t;
+            *reinterpret_cast<float2*>(C + row * N + n) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+          }
+        }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Launch with as many blocks as fit, rounded down to a multiple of the
+// column tiles (each block then splits one panel).
+template <int BM, int BK, int ST>
+float run(const float* dA, const float* dB, float* dC, long long R, int K, int N, int reps_unused) {
+  (void)reps_unused;
+  typedef Cfg<BM, BK, ST> CF;
+  const int smem = CF::smem(K);
+  CK(cudaFuncSetAttribute(gemm_x3<BM, BK, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0, sms = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_x3<BM, BK, ST>, CF::THREADS, smem));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int NT = N / BN;
+  int grid = std::max(NT, per_sm * sms / NT * NT);
+  gemm_x3<BM, BK, ST><<<grid, CF::THREADS, smem>>>(dA, dB, dC, R, K, N);
+  return (float)per_sm;
+}
+}  // namespace v2
+
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double uni() {  // [-1, 1)
   rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
   return (double)(rng >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+// Median time of launch() over reps (after two warm-ups) and its accuracy
+// on SAMPLE rows against fp64, beside fp32 FFMA (k ascending); C poisoned
+// with NaN first so that an unwritten element shows.
+template <typename Launch>
+void measure(const char* label, Launch launch, const std::vector<float>& A, const std::vector<float>& B, float* dC,
+             long long R, int K, int N, double scale, int reps) {
+  CK(cudaMemset(dC, 0xff, R * N * sizeof(float)));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ts;
+  for (int r = 0; r < reps + 2; ++r) {
+    CK(cudaEventRecord(e0));
+    launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 2) ts.push_back(ms);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ts.begin(), ts.end());
+  const int SAMPLE = 2048;  // rows checked against fp64, spread over R (the last row among them)
+  std::vector<float> Cs((size_t)N);
+  double e3 = 0, ef = 0, ref = 0, max3 = 0, maxf = 0, maxref = 0;
+  long long nonfinite = 0;
+  for (int s = 0; s <= SAMPLE; ++s) {
+    const long long row = s == SAMPLE ? R - 1 : (long long)((double)s / SAMPLE * R);
+    CK(cudaMemcpy(Cs.data(), dC + row * N, N * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int n = 0; n < N; ++n) {
+      double c64 = 0;
+      float c32 = 0.f;
+      for (int k = 0; k < K; ++k) {
+        c64 += (double)A[row * K + k] * (double)B[(size_t)k * N + n];
+        c32 = std::fmaf(A[row * K + k], B[(size_t)k * N + n], c32);
+      }
+      if (!std::isfinite(Cs[n])) ++nonfinite;
+      e3 += (Cs[n] - c64) * (Cs[n] - c64), ef += (c32 - c64) * (c32 - c64), ref += c64 * c64;
+      max3 = std::fmax(max3, std::fabs(Cs[n] - c64)), maxf = std::fmax(maxf, std::fabs(c32 - c64));
+      maxref = std::fmax(maxref, std::fabs(c64));
+    }
+  }
+  const double gm = ts[ts.size() / 2];
+  const double bytes = (double)R * (K + N) * sizeof(float);
+  std::printf(
+      "%-22s K=N=%d |A|<=%.0e: %.3f ms (%.0f GB/s of A+C, %.1f TFLOP/s of the 3 fp16 products); rel L2 %.2e "
+      "(fp32 FFMA %.2e); max abs / max |C| %.2e (FFMA %.2e); non-finite %lld\n",
+      label, K, scale, gm, bytes / gm / 1e6, 3 * 2.0 * R * K * N / gm / 1e9, std::sqrt(e3 / ref), std::sqrt(ef / ref),
+      max3 / maxref, maxf / maxref, nonfinite);
 }
 
 int main(int argc, char** argv) {
@@ -213,7 +484,6 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# fp16x3 mma.sync GEMM on %s: R = %lld rows, median of %d\n", prop.name, R, reps);
-  const int SAMPLE = 2048;  // rows checked against fp64, spread over R
   for (int K : {192, 128}) {
     const int N = K;
     std::vector<float> B((size_t)K * N);
@@ -235,65 +505,22 @@ int main(int argc, char** argv) {
     for (double scale : {1e-6, 1e-3, 1.0, 1e3, 1e7}) {
       for (auto& a : A) a = (float)(uni() * scale);
       CK(cudaMemcpy(dA, A.data(), A.size() * sizeof(float), cudaMemcpyHostToDevice));
-      CK(cudaMemset(dC, 0xff, R * N * sizeof(float)));  // NaN: an unwritten element shows
       const dim3 grid((unsigned)((R + BM - 1) / BM), (unsigned)((N + BN - 1) / BN));
-      cudaEvent_t e0, e1, e2;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      CK(cudaEventCreate(&e2));
-      std::vector<float> t_scale, t_gemm;
-      for (int r = 0; r < reps + 2; ++r) {
-        CK(cudaEventRecord(e0));
+      measure("v1 (row pre-pass)", [&] {
         row_scales<<<(unsigned)((R + 7) / 8), 256>>>(dA, dsA, R, K);
-        CK(cudaEventRecord(e1));
         gemm_fp16x3<<<grid, THREADS>>>(dA, dsA, dbh, dbl, 1.f / sB, dC, R, K, N);
-        CK(cudaEventRecord(e2));
-        CK(cudaEventSynchronize(e2));
-        float a, b;
-        CK(cudaEventElapsedTime(&a, e0, e1));
-        CK(cudaEventElapsedTime(&b, e1, e2));
-        if (r >= 2) t_scale.push_back(a), t_gemm.push_back(b);
-      }
-      CK(cudaGetLastError());
-      std::sort(t_scale.begin(), t_scale.end());
-      std::sort(t_gemm.begin(), t_gemm.end());
-      // accuracy on SAMPLE rows: fp16x3 and fp32 FFMA (k ascending) against fp64
-      std::vector<float> Cs((size_t)N);
-      double e3 = 0, ef = 0, ref = 0, max3 = 0, maxf = 0, maxref = 0;
-      long long nonfinite = 0;
-      for (int s = 0; s < SAMPLE; ++s) {
-        const long long row = (long long)((double)s / SAMPLE * R);
-        CK(cudaMemcpy(Cs.data(), dC + row * N, N * sizeof(float), cudaMemcpyDeviceToHost));
-        for (int n = 0; n < N; ++n) {
-          double c64 = 0;
-          float c32 = 0.f;
-          for (int k = 0; k < K; ++k) {
-            c64 += (double)A[row * K + k] * (double)B[(size_t)k * N + n];
-            c32 = std::fmaf(A[row * K + k], B[(size_t)k * N + n], c32);
-          }
-          if (!std::isfinite(Cs[n])) ++nonfinite;
-          e3 += (Cs[n] - c64) * (Cs[n] - c64), ef += (c32 - c64) * (c32 - c64), ref += c64 * c64;
-          max3 = std::fmax(max3, std::fabs(Cs[n] - c64)), maxf = std::fmax(maxf, std::fabs(c32 - c64));
-          maxref = std::fmax(maxref, std::fabs(c64));
-        }
-      }
-      const double gm = t_gemm[t_gemm.size() / 2];
-      const double bytes = (double)R * (K + N) * sizeof(float);
-      std::printf(
-          "K=N=%d |A|<=%.0e: gemm %.3f ms (%.0f GB/s of A+C, %.1f TFLOP/s of the 3 fp16 products), row scales %.3f ms; "
-          "rel L2 fp16x3 %.2e, fp32 FFMA %.2e; max abs / max |C| fp16x3 %.2e, FFMA %.2e; non-finite %lld\n",
-          K, scale, gm, bytes / gm / 1e6, 3 * 2.0 * R * K * N / gm / 1e9, t_scale[t_scale.size() / 2], std::sqrt(e3 / ref),
-          std::sqrt(ef / ref), max3 / maxref, maxf / maxref, nonfinite);
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
-      CK(cudaEventDestroy(e2));
+      }, A, B, dC, R, K, N, scale, reps);
+      measure("v2 m128 k32 s3", [&] { v2::run<128, 32, 3>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
+      measure("v2 m64 k32 s4", [&] { v2::run<64, 32, 4>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
+      measure("v2 m64 k64 s3", [&] { v2::run<64, 64, 3>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
+      measure("v2 m128 k64 s2", [&] { v2::run<128, 64, 2>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
     }
-    CK(cudaFree(dA));
-    CK(cudaFree(dC));
-    CK(cudaFree(dsA));
-    CK(cudaFree(dB));
-    CK(cudaFree(dbh));
-    CK(cudaFree(dbl));
+    for (auto p : {(void*)dA, (void*)dC, (void*)dsA, (void*)dB, (void*)dbh, (void*)dbl}) CK(cudaFree(p));
   }
+  // occupancy of each v2 configuration at K = 192 (blocks per SM)
+  for (int k : {192, 128})
+    std::printf("# v2 smem bytes at K=%d: m128k32s3 %d, m64k32s4 %d, m64k64s3 %d, m128k64s2 %d\n", k,
+                v2::Cfg<128, 32, 3>::smem(k), v2::Cfg<64, 32, 4>::smem(k), v2::Cfg<64, 64, 3>::smem(k),
+                v2::Cfg<128, 64, 2>::smem(k));
   return 0;
 }
