@@ -52,7 +52,7 @@ fi
 if [ "${EXP_FP16X3:-0}" = 1 ]; then
   # issue 20's first measurement: the compensated fp16x3 GEMM on mma.sync at
   # the relay GEMM's shapes, accuracy over the range contract and time
-  nvcc -O3 -arch=sm_90 -Xptxas -v -o "$OUT/r/fp16x3" bench/exp/fp16x3_gemm.cu > "$OUT/r/fp16x3_build.txt" 2>&1 \
+  nvcc -O3 -arch=sm_90 --fmad=false -Xptxas -v -I templates -I generated-tests/cuda -o "$OUT/r/fp16x3" bench/exp/fp16x3_gemm.cu > "$OUT/r/fp16x3_build.txt" 2>&1 \
     && timeout "${EXP_S:-180}" "$OUT/r/fp16x3" "${EXP_ROWS:-1292000}" "${EXP_REPS:-20}" 2>&1 | tee "$OUT/r/fp16x3.txt"
   grep -E "registers|spill" "$OUT/r/fp16x3_build.txt" | head -4
 fi

@@ -1076,14 +1076,241 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
   cp_async_wait<0>();
 }
 
+// ---------------------------------------------------------------------------
+// The compensated tensor-core core (PREC 1, tiles.yaml `precision: fp16x3`;
+// docs/PRECISION.md). gemm_stream's walk and ring, f32 operands in shared
+// memory as the exact path has them; each warp owns a 32 x 32 output tile
+// (2 x 4 m16n8 tiles of mma.sync.m16n8k16) and splits its own fragments in
+// registers: x -> head h = fp16(x) and tail l = fp16((x - h) 2^11), three
+// products per step (h h into one fragment; h l and l h into another), both
+// fresh per K chunk and folded into the fp32 result once per chunk as
+// (ph + pt 2^-11) 2^-x. A is scaled by a power of two per (row, K chunk),
+// 2^(11 - x) for a chunk row max of m 2^x, so its largest value lies in
+// [2^10, 2^11): the split keeps fp32 accuracy whatever the row's magnitude
+// (fp16's range alone loses it below ~1e-3 and overflows above 6.5e4).
+// B (the weights) is split unscaled: |w| up to 6.5e4. Every result is a
+// function of the chunk's operands through one instruction sequence, so any
+// kernel running this core over the same chunks gets the same bits.
+namespace x3 {
+constexpr float TAIL = 2048.f, INV_TAIL = 1.f / 2048.f;
+
+// Two floats as one f16x2 word (lo in the low half), rounded to nearest even.
+__device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ void unpack_h2(unsigned h, float& lo, float& hi) {
+  asm("{ .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h; }"
+      : "=f"(lo), "=f"(hi)
+      : "r"(h));
+}
+// (x, y): head word h and tail word l.
+__device__ __forceinline__ void split2(float x, float y, unsigned& h, unsigned& l) {
+  h = pack_h2(x, y);
+  float hx, hy;
+  unpack_h2(h, hx, hy);
+  l = pack_h2((x - hx) * TAIL, (y - hy) * TAIL);
+}
+// s = 2^(11 - x) and inv = 2^(x - 11) for mx = m 2^x (m in [0.5, 1)), from
+// the bits (exact powers of two). A zero, subnormal or non-finite max gives
+// 1: zeros stay zero, inf and NaN stay non-finite.
+__device__ __forceinline__ void scale_of(float mx, float& s, float& inv) {
+  const int ex = (int)((__float_as_uint(mx) >> 23) & 0xff);
+  const bool plain = ex == 0 || ex == 255;
+  const int x = ex - 126;
+  const int es = plain ? 127 : min(max(138 - x, 1), 254), ei = plain ? 127 : min(max(116 + x, 1), 254);
+  s = __uint_as_float((unsigned)es << 23);
+  inv = __uint_as_float((unsigned)ei << 23);
+}
+// c += a b, and c = a b (c's inputs zero).
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_fresh(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+// Shared-memory pitches of the ring (floats): A rows BK + 8 apart and B
+// rows BN + 4 apart make the fragment loads conflict-free.
+__host__ __device__ constexpr int a_pitch(int bk) { return bk + 8; }
+__host__ __device__ constexpr int b_pitch(int bn) { return bn + 4; }
+
+// One K chunk of a warp's 32 x 32 tile: acc += (A_chunk B_chunk), A rows
+// wm*32.. of the ring's row-major chunk (pitch AK), B its k-major chunk
+// (pitch BP), columns wn*32..
+template <int BK, int AK, int BP>
+__device__ __forceinline__ void chunk(float (&acc)[2][4][4], const float* As, const float* Bs, int wm, int wn,
+                                      int lane) {
+  const int g = lane / 4, t = lane % 4;
+  // B fragments of the whole chunk: b0 = (k 2t, 2t+1; n g), b1 = k + 8.
+  unsigned bh[BK / 16][4][2], bl[BK / 16][4][2];
+#pragma unroll
+  for (int ks = 0; ks < BK / 16; ++ks)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float* p = Bs + (ks * 16 + 2 * t + 8 * r) * BP + wn * 32 + j * 8 + g;
+        split2(p[0], p[BP], bh[ks][j][r], bl[ks][j][r]);
+      }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float* a0 = As + (wm * 32 + i * 16 + g) * AK + 2 * t;  // row g; row g + 8 at a0 + 8 * AK
+    float s[2], inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = 0.f;
+#pragma unroll
+      for (int k = 0; k < BK; k += 8) {
+        const float2 v = *reinterpret_cast<const float2*>(a0 + h * 8 * AK + k);
+        mx = fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y)));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      scale_of(mx, s[h], inv[h]);
+    }
+    float ph[4][4], pt[4][4];
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      // a0a1: (g, 2t), a2a3: (g + 8, 2t), a4a5: (g, 2t + 8), a6a7: (g + 8, 2t + 8)
+      unsigned ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int h = r % 2;
+        const float2 v = *reinterpret_cast<const float2*>(a0 + h * 8 * AK + ks * 16 + 8 * (r / 2));
+        split2(v.x * s[h], v.y * s[h], ah[r], al[r]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (ks == 0) {
+          mma_fresh(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
+          mma_fresh(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
+        } else {
+          mma(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
+          mma(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
+        }
+        mma(pt[j], al, bh[ks][j][0], bh[ks][j][1]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = fmaf(fmaf(pt[j][c], INV_TAIL, ph[j][c]), inv[c / 2], acc[i][j][c]);
+  }
+}
+
+// A tile's epilogue from the fragments: lanes t and t ^ 1 trade halves so
+// that each holds 4 consecutive columns of one row (even t: row g, columns
+// 2t..2t+3; odd t: row g + 8, columns 2t-2..2t+1), then epi(e, n, v) as
+// the exact path calls it; the accumulators restart at zero.
+template <typename Epi>
+__device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int lane, i64 e0, int n0, i64 E, int N,
+                                      Epi& epi) {
+  const int g = lane / 4, t = lane % 4;
+  const bool odd = t & 1;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float* c = acc[i][j];
+      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
+      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
+      const float v[4] = {odd ? r0 : c[0], odd ? r1 : c[1], odd ? c[2] : r0, odd ? c[3] : r1};
+      const i64 e = e0 + wm * 32 + i * 16 + g + (odd ? 8 : 0);
+      const int n = n0 + wn * 32 + j * 8 + 2 * t - (odd ? 2 : 0);
+      if (e < E && n < N) epi(e, n, v);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) c[q] = 0.f;
+    }
+}
+}  // namespace x3
+
+// C = epi(A @ B) by the fp16x3 core over gemm_stream's walk: persistent
+// blocks, one cp.async ring of STAGES f32 chunks (A row-major, B k-major,
+// at x3's pitches) that never drains between tiles. tm 8 x tn 4 per thread:
+// (BM / 32) x (BN / 32) warps.
+template <int BM, int BN, int BK, int STAGES, int SMEM_A, int SMEM_B, typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
+  constexpr int THREADS = BM * BN / 32, AK = x3::a_pitch(BK), BP = x3::b_pitch(BN);
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BP;
+  static_assert(BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0, "whole warp tiles and m16n8k16 steps");
+  static_assert(STAGES >= 2, "a ring of at least two chunks");
+  float* As = smem_at<float>(SMEM_A);
+  float* Bs = smem_at<float>(SMEM_B);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / (BN / 32), wn = warp % (BN / 32);
+  const int ntn = (N + BN - 1) / BN;
+  const i64 tiles = (E + BM - 1) / BM * ntn;
+  if ((i64)blockIdx.x >= tiles) return;  // whole block: no barrier is skipped
+  const int KT = K / BK;
+  const i64 nq = ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * KT;
+  const i64 dm = gridDim.x / ntn;
+  const int dn = gridDim.x % ntn;
+  const TileWalk first{(i64)(blockIdx.x / ntn), (int)(blockIdx.x % ntn)};
+  TileWalk lw = first, cw = first;
+  int lkt = 0, lst = 0;
+  i64 lq = 0;
+  const ChunkCopy<float, BK, BN / 4, THREADS, BP> copy_b(tid);
+  const ChunkCopy<float, BM, BK / 4, THREADS, AK> copy_a(tid);
+  const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
+  const int stride = a.stride();
+  auto load_next = [&]() {
+    const i64 e0 = lw.m * BM;
+    const int n0 = lw.n * BN, k0 = lkt * BK;
+    copy_b.copy(bs0 + lst * B_STAGE * 4, B + k0 * N + n0, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
+    const int rows = E - e0 < BM ? (int)(E - e0) : BM;
+    copy_a.copy(as0 + lst * A_STAGE * 4, a.row(e0) + k0, stride, rows == BM, [&](int m, int) { return m < rows; });
+    if (++lkt == KT) {
+      lkt = 0;
+      lw.step(dm, dn, ntn);
+    }
+    lst = lst + 1 == STAGES ? 0 : lst + 1;
+    ++lq;
+  };
+  prime_ring<STAGES>(lq, nq, load_next);
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+  int ckt = 0, cst = 0;
+  for (i64 q = 0; q < nq; ++q) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // chunk q is in; everyone is done with chunk q-1's slot
+    if (lq < nq) load_next();
+    cp_async_commit();
+    x3::chunk<BK, AK, BP>(acc, As + cst * A_STAGE, Bs + cst * B_STAGE, wm, wn, lane);
+    cst = cst + 1 == STAGES ? 0 : cst + 1;
+    if (++ckt == KT) {
+      x3::store(acc, wm, wn, lane, cw.m * BM, cw.n * BN, E, N, epi);
+      ckt = 0;
+      cw.step(dm, dn, ntn);
+    }
+  }
+  cp_async_wait<0>();
+}
+
 // The one-segment stages' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
-// gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring); A a
-// plain surface (SurfaceA). The fused backward has its own walk,
-// gemm_rowblock.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int APAD,
+// gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring), and
+// with PREC 1 (fp16x3) gemm_x3 on the stream walk; A a plain surface
+// (SurfaceA). The fused backward has its own walk, gemm_rowblock.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, int APAD,
           int SMEM_A, int SMEM_B, int SMEM_C, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi) {
-  if constexpr (PIPE == 2) {
+  if constexpr (PREC == 1) {
+    static_assert(PIPE == 2 && TM == 8 && TN == 4, "fp16x3 tiles: pipe stream, tm 8, tn 4 (checked by the spec)");
+    gemm_x3<BM, BN, BK, STAGES, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
+  } else if constexpr (PIPE == 2) {
     gemm_stream<T, BM, BN, BK, TM, TN, STAGES, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
   } else {
     auto a_at = [&](int, i64 e, int k) { return a.row(e)[k]; };

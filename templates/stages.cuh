@@ -75,7 +75,7 @@ __device__ __forceinline__ void store_residual(T* out, const T* r, const T* v) {
 
 // ----------------------------------------------------------------- forward
 
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
 __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restrict__ w0,
                                        T* __restrict__ z, i64 E, int L) {
   const Dims d = dims<CF>(L);
@@ -83,7 +83,7 @@ __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restr
   const T* uf = u + (i64)f * E * d.ROW;
   T* zf = z + (i64)f * E * d.ROW;
   SurfaceA<T> a{uf, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, d.M0, d.M0, w0 + (i64)f * d.M0 * d.M0, a,
       [&](i64 e, int n, const T* v) { Vec<T>::store(zf + e * d.ROW + n, v); });
 }
@@ -256,7 +256,7 @@ __device__ __forceinline__ void bwd_glogit(const T* __restrict__ g, const T* __r
 }
 
 // z1 = u[:, M0:] @ W1; u_next[:, M0:] = u + z1 * [sig, sig].
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
 __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restrict__ w1,
                                        const T* __restrict__ sig, T* __restrict__ z,
                                        T* __restrict__ u_next, i64 E, int L) {
@@ -266,7 +266,7 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
   const T* uf = u + base;
   const T* sigf = sig + (i64)f * E * d.LG;
   SurfaceA<T> a{uf + d.M0, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         const i64 at = base + e * d.ROW + d.M0 + n;
@@ -282,7 +282,7 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
 }
 
 // Identity layer: out[e, f, seg] = (u + u_seg @ W_seg) * alpha, edge-major.
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
 __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __restrict__ w,
                                           const T* __restrict__ alpha, T* __restrict__ out,
                                           i64 E, int L, int seg, int apply_alpha) {
@@ -291,7 +291,7 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const T* uf = u + (i64)f * E * d.ROW + off;
   SurfaceA<T> a{uf, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, w + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         T x[W];
@@ -354,7 +354,7 @@ __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
 // so it scales the product and the residual in the epilogue: the A operand is
 // grad_out as it lies and the K loop has no fix pass (a per-chunk scaling
 // pass cost this stage ~0.8 ms of 5 at the seed workload, BENCH.md run 25).
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
 __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
                                           const T* __restrict__ alpha, const T* __restrict__ wt,
                                           T* __restrict__ g, i64 E, int L, int seg,
@@ -364,7 +364,7 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   SurfaceA<T> a{grad_out + (i64)f * d.ROW + off, (i64)F * d.ROW};
   T* gf = g + (i64)f * E * d.ROW + off;
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         T x[W];
@@ -432,7 +432,7 @@ __device__ __forceinline__ void bwd_pointwise(const T* __restrict__ g, const T* 
 }
 
 // Relay 3/3: g_next[seg] = g[seg] + gz_seg @ W_seg^T.
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
 __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __restrict__ g,
                                          const T* __restrict__ wt, T* __restrict__ g_next,
                                          i64 E, int L, int seg) {
@@ -441,7 +441,7 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const i64 base = (i64)f * E * d.ROW + off;
   SurfaceA<T> a{gz + base, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
       E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         const i64 at = base + e * d.ROW + n;
         store_residual<T>(g_next + at, g + at, v);
@@ -610,13 +610,14 @@ struct GzPanel : RowWork<T, CF, BM, P, S> {
 // from GzRows (gemm_rowblock); pipe: split -> the same, the per-row work on
 // producer warps (gemm_rowblock with P producers); pipe: ws -> from the
 // producers' panel (GzPanel, gemm_ws).
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, typename S>
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
                                           const T* __restrict__ gw, const T* __restrict__ gwt,
                                           const T* __restrict__ wt0, const T* __restrict__ wt1,
                                           T* __restrict__ g_next, i64 E, int L) {
   static_assert(PIPE == 2 || PIPE == 3 || PIPE == 4, "the fused backward streams (pipe: stream, ws or split)");
   static_assert(CF % BK == 0, "a K chunk lies in one subtile");
+  static_assert(PREC == 0, "the fused backward is exact only (so far)");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;

@@ -9,7 +9,7 @@ use mixstack::runtime::launch::launch_config;
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
 use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
-use mixstack::runtime::table::{self, Arch, Dtype, Geometry, KernelEntry, Stage, Variant};
+use mixstack::runtime::table::{self, Arch, Dtype, Geometry, KernelEntry, Precision, Stage, Variant};
 
 // ----------------------------------------------------------------------
 // hand-built tables
@@ -20,12 +20,32 @@ fn leak(s: String) -> &'static str {
 }
 
 fn gemm(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
-    Geometry::Gemm { block_m, bn, block_k, tm, tn, stages: 2, min_blocks: 1, pipe: mixstack::kinds::Pipe::Regs }
+    Geometry::Gemm {
+        block_m,
+        bn,
+        block_k,
+        tm,
+        tn,
+        stages: 2,
+        min_blocks: 1,
+        pipe: mixstack::kinds::Pipe::Regs,
+        precision: Precision::Exact,
+    }
 }
 
 /// A streaming GEMM tile (the only kind the fused stage takes).
 fn stream(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
-    Geometry::Gemm { block_m, bn, block_k, tm, tn, stages: 2, min_blocks: 1, pipe: mixstack::kinds::Pipe::Stream }
+    Geometry::Gemm {
+        block_m,
+        bn,
+        block_k,
+        tm,
+        tn,
+        stages: 2,
+        min_blocks: 1,
+        pipe: mixstack::kinds::Pipe::Stream,
+        precision: Precision::Exact,
+    }
 }
 
 fn threads_of(g: Geometry) -> u32 {
@@ -486,7 +506,9 @@ fn builtin_choice_is_the_builds_dispatch_table() {
     assert!(!m.dispatch.is_empty());
     assert_eq!(m.archs, table::ARCHS);
     let none = TileOverride::new();
-    for r in &m.dispatch {
+    // The runtime serves the exact mode (so far): the fp16x3 rows are the
+    // build's choice for that mode, checked in fp16x3_entries_are_...
+    for r in m.dispatch.iter().filter(|r| r.precision == Precision::Exact) {
         let d = Dispatch::builtin().with_arch(r.arch).with_smem_limit(Some(r.arch.max_smem() as u64));
         let got = d.select(r.stage, r.dtype, r.cf, r.lmax, &none).unwrap();
         let key = format!("{} {} {} cf {} lmax {}", r.arch, r.stage, r.dtype, r.cf, r.lmax);
@@ -635,6 +657,7 @@ fn geometry_stream_launches_at_most_the_resident_blocks() {
         stages: 3,
         min_blocks: 2,
         pipe: mixstack::kinds::Pipe::Stream,
+        precision: Precision::Exact,
     };
     let e = entry(Stage::BwdGemm, Dtype::F32, 32, g, true, true);
     // 646,000 edges, N = 192: 5047 * 3 tiles per focus; 264 resident blocks over F = 2.
@@ -877,5 +900,23 @@ fn builtin_table_builds_every_target_arch() {
         let s = StackShape::new(2, cf, 3, 3);
         validate_shape::<f32>(&ampere, &s).unwrap_or_else(|e| panic!("sm_80 f32 {s:?}: {e}"));
         validate_shape::<f64>(&ampere, &s).unwrap_or_else(|e| panic!("sm_80 f64 {s:?}: {e}"));
+    }
+}
+
+/// The fp16x3 instances are in the table (built and register-checked) but
+/// the runtime serves the exact mode only: no exact key picks one, and an
+/// override naming one is refused, saying why.
+#[test]
+fn fp16x3_entries_are_never_dispatched_in_the_exact_mode() {
+    let x3: Vec<&KernelEntry> = table::KERNELS.iter().filter(|e| e.geometry.precision() == Precision::Fp16x3).collect();
+    assert!(!x3.is_empty(), "the build has fp16x3 instances");
+    for e in x3 {
+        let d = Dispatch::builtin().with_arch(e.arch);
+        assert!(d.candidates(e.stage, e.dtype, e.cf).iter().all(|c| c.geometry.precision() == Precision::Exact));
+        let tiles = TileOverride::new().with(e.stage, e.name);
+        match d.select(e.stage, e.dtype, e.cf, 3, &tiles) {
+            Err(MixError::BadOverride { why, .. }) => assert!(why.contains("fp16x3"), "{}: {why}", e.name),
+            other => panic!("{}: {other:?}", e.name),
+        }
     }
 }

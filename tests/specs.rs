@@ -461,3 +461,87 @@ fn the_fused_default_keeps_its_measured_occupancy_at_the_seed() {
         i.name
     );
 }
+
+/// The fp16x3 tile line of tiles.yaml (the first one).
+fn x3_line(t: &str) -> String {
+    let tile = |l: &&str| l.trim_start().starts_with("- {") && l.contains("precision: fp16x3");
+    t.lines().find(tile).expect("tiles.yaml has fp16x3 tiles").to_string()
+}
+
+#[test]
+fn fp16x3_tiles_outside_what_the_core_is_written_for_are_refused_where_written() {
+    for (from, to, field, why) in [
+        ("dtypes: [f32]", "dtypes: [f32, f64]", "dtypes", "dtypes [f32]"),
+        ("tm: 8, tn: 4", "tm: 4, tn: 4", "tm", "tm 8, tn 4"),
+        ("block_k: 16", "block_k: 8", "block_k", "multiple of 16"),
+        ("block_m: 128", "block_m: 80", "block_m", "multiples of 32"),
+    ] {
+        let dir = specs_with("tiles.yaml", |t| {
+            let line = x3_line(t);
+            t.replacen(&line, &line.replacen(from, to, 1), 1)
+        });
+        let e = load_err(&dir);
+        let text = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
+        assert!(e.contains("precision fp16x3") && e.contains(why), "{from} -> {to}: {e}");
+        assert!(e.contains(&format!(".{field}")), "{from} -> {to}: {e}");
+        assert_eq!(line_of(&e, "tiles.yaml"), line_with(&text, &x3_line(&text)), "{e}");
+    }
+    let dir = specs_with("tiles.yaml", |t| {
+        let line = x3_line(t);
+        t.replacen(&line, &line.replacen("pipe: stream", "pipe: async", 1), 1)
+    });
+    assert!(load_err(&dir).contains("pipe stream"));
+}
+
+#[test]
+fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
+    use mixstack::kinds::Precision;
+    let s = spec::load(&crate_dir().join("specs")).unwrap();
+    let exp = expand(&s, None).unwrap();
+    let x3: Vec<_> = exp.instances.iter().filter(|i| i.geometry.precision() == Precision::Fp16x3).collect();
+    // every relay GEMM stage has them, f32 only, named with the mode
+    for stage in [Stage::FwdM0, Stage::FwdM1, Stage::FwdFinal, Stage::BwdFinal, Stage::BwdGemm] {
+        assert!(x3.iter().any(|i| i.stage == stage), "{stage}");
+    }
+    for i in &x3 {
+        assert_eq!(i.dtype, Dtype::F32, "{}", i.name);
+        assert!(i.name.ends_with("_x3"), "{}", i.name);
+        assert!(!i.is_default, "{} is named by an exact default", i.name);
+    }
+    // an exact-named tile and its fp16x3 twin are two instances
+    let twin = x3[0].name.trim_end_matches("_x3");
+    assert!(x3.iter().all(|i| i.name != twin));
+    // a default naming an fp16x3 tile must say so
+    let dir = specs_with("tiles.yaml", |t| {
+        format!("{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k16_t8x4_s4_b2_ps_x3}}\n")
+    });
+    let s = spec::load(&dir).unwrap();
+    let e = pipeline::check_defaults(&s, &expand(&s, None).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("precision: fp16x3") && e.contains(".precision"), "{e}");
+    // ... and with it, it is that mode's default, beside the exact one
+    let dir = specs_with("tiles.yaml", |t| {
+        format!(
+            "{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k16_t8x4_s4_b2_ps_x3, precision: fp16x3}}\n"
+        )
+    });
+    let s = spec::load(&dir).unwrap();
+    let exp = expand(&s, None).unwrap();
+    pipeline::check_defaults(&s, &exp).unwrap();
+    assert!(exp
+        .instances
+        .iter()
+        .any(|i| i.is_default && i.name == "ms_bwd_gemm_f32_cf32_m128_n64_k16_t8x4_s4_b2_ps_x3"));
+}
+
+#[test]
+fn the_fused_backward_takes_no_fp16x3_tile_yet() {
+    let dir = specs_with("tiles.yaml", |t| {
+        let line = x3_line(t);
+        let fused = line.replace("cf: [32, 64, 96, 128]", "cf: [32, 64]");
+        t.replacen("  fused:\n", &format!("  fused:\n{fused}\n"), 1)
+    });
+    let s = spec::load(&dir).unwrap();
+    let exp = expand(&s, None).unwrap();
+    let p = exp.pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused") && p.name.ends_with("_x3")).expect("pruned");
+    assert!(p.reason.contains("no fp16x3 walk"), "{}", p.reason);
+}

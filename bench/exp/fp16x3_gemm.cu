@@ -17,13 +17,18 @@
 //      times: m1 2.32 ms, m0 1.08 ms per launch at the seed on an H100,
 //      BENCH.md run 91).
 // Not built by cargo. On the GPU machine:
-//   nvcc -O3 -arch=sm_90 -Xptxas -v -o /tmp/fp16x3 bench/exp/fp16x3_gemm.cu && /tmp/fp16x3 [R] [reps]
+//   nvcc -O3 -arch=sm_90 -Xptxas -v -I templates -I generated-tests/cuda -o /tmp/fp16x3 bench/exp/fp16x3_gemm.cu
+//   /tmp/fp16x3 [R] [reps]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+// Variant 3 is the product core itself (templates/core.cuh: gemm_x3), so
+// the build needs -I templates -I generated-tests/cuda (ops.cuh).
+#include "stages.cuh"
 
 #define CK(x)                                                                               \
   do {                                                                                      \
@@ -419,6 +424,37 @@ float run(const float* dA, const float* dB, float* dC, long long R, int K, int N
 }
 }  // namespace v2
 
+// ---------------------------------------------------------------------------
+// Variant 3: the product's fp16x3 core (ms::gemm_x3, as the relay's GEMM
+// stages run it from tiles.yaml's precision: fp16x3 tiles), C = A @ B with a
+// plain store epilogue, launched as the runtime launches a streaming tile:
+// as many blocks as are resident.
+namespace v3 {
+template <int TBM, int TBK, int TST>
+struct Cfg {
+  static constexpr int THREADS = TBM * 64 / 32;
+  static constexpr int SMEM_B = TST * TBM * ms::x3::a_pitch(TBK) * 4;
+  static constexpr int SMEM = SMEM_B + TST * TBK * ms::x3::b_pitch(64) * 4;
+};
+template <int TBM, int TBK, int TST, int MINB>
+__global__ void __launch_bounds__(Cfg<TBM, TBK, TST>::THREADS, MINB)
+    core(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, long long R, int K, int N) {
+  ms::SurfaceA<float> a{A, K};
+  ms::gemm_x3<TBM, 64, TBK, TST, 0, Cfg<TBM, TBK, TST>::SMEM_B>(
+      R, K, N, B, a, [&](ms::i64 e, int n, const float* v) { ms::Vec<float>::store(C + e * N + n, v); });
+}
+template <int TBM, int TBK, int TST, int MINB>
+void run(const float* dA, const float* dB, float* dC, long long R, int K, int N) {
+  typedef Cfg<TBM, TBK, TST> CF;
+  auto k = core<TBM, TBK, TST, MINB>;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
+  int per_sm = 0, sms = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, CF::THREADS, CF::SMEM));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  k<<<std::max(1, per_sm * sms), CF::THREADS, CF::SMEM>>>(dA, dB, dC, R, K, N);
+}
+}  // namespace v3
+
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double uni() {  // [-1, 1)
   rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
@@ -514,6 +550,9 @@ int main(int argc, char** argv) {
       measure("v2 m64 k32 s4", [&] { v2::run<64, 32, 4>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
       measure("v2 m64 k64 s3", [&] { v2::run<64, 64, 3>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
       measure("v2 m128 k64 s2", [&] { v2::run<128, 64, 2>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
+      measure("v3 core m128 k16 s4 b2", [&] { v3::run<128, 16, 4, 2>(dA, dB, dC, R, K, N); }, A, B, dC, R, K, N, scale, reps);
+      measure("v3 core m128 k32 s3 b1", [&] { v3::run<128, 32, 3, 1>(dA, dB, dC, R, K, N); }, A, B, dC, R, K, N, scale, reps);
+      measure("v3 core m64 k32 s4 b2", [&] { v3::run<64, 32, 4, 2>(dA, dB, dC, R, K, N); }, A, B, dC, R, K, N, scale, reps);
     }
     for (auto p : {(void*)dA, (void*)dC, (void*)dsA, (void*)dB, (void*)dbh, (void*)dbl}) CK(cudaFree(p));
   }

@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(128, 4)
 ms_bwd_final_f32_cf128_m128_n64_k32_t8x8_s2_b4_ps(const float* grad_out, const float* alpha, const float* wt, float* g, long long E, int L, int seg, int apply_alpha) {
-  ms::bwd_final<float, 128, 128, 64, 32, 8, 8, 2, 2, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
+  ms::bwd_final<float, 128, 128, 64, 32, 8, 8, 2, 2, 0, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
 }

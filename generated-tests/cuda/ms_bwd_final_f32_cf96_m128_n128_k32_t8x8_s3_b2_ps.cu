@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_bwd_final_f32_cf96_m128_n128_k32_t8x8_s3_b2_ps(const float* grad_out, const float* alpha, const float* wt, float* g, long long E, int L, int seg, int apply_alpha) {
-  ms::bwd_final<float, 96, 128, 128, 32, 8, 8, 3, 2, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
+  ms::bwd_final<float, 96, 128, 128, 32, 8, 8, 3, 2, 0, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
 }

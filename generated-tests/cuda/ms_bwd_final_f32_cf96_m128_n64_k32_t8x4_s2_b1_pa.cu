@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_final_f32_cf96_m128_n64_k32_t8x4_s2_b1_pa(const float* grad_out, const float* alpha, const float* wt, float* g, long long E, int L, int seg, int apply_alpha) {
-  ms::bwd_final<float, 96, 128, 64, 32, 8, 4, 2, 1, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
+  ms::bwd_final<float, 96, 128, 64, 32, 8, 4, 2, 1, 0, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
 }

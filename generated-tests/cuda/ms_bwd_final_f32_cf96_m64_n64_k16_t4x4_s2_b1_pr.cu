@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_final_f32_cf96_m64_n64_k16_t4x4_s2_b1_pr(const float* grad_out, const float* alpha, const float* wt, float* g, long long E, int L, int seg, int apply_alpha) {
-  ms::bwd_final<float, 96, 64, 64, 16, 4, 4, 2, 0, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
+  ms::bwd_final<float, 96, 64, 64, 16, 4, 4, 2, 0, 0, Smem>(grad_out, alpha, wt, g, E, L, seg, apply_alpha);
 }

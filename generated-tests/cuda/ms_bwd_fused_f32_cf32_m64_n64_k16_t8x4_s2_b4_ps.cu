@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(128, 4)
 ms_bwd_fused_f32_cf32_m64_n64_k16_t8x4_s2_b4_ps(const float* g, const float* z, const float* gw, const float* gwt, const float* wt0, const float* wt1, float* g_next, long long E, int L) {
-  ms::bwd_fused<float, 32, 64, 64, 16, 8, 4, 2, 2, Smem>(g, z, gw, gwt, wt0, wt1, g_next, E, L);
+  ms::bwd_fused<float, 32, 64, 64, 16, 8, 4, 2, 2, 0, Smem>(g, z, gw, gwt, wt0, wt1, g_next, E, L);
 }

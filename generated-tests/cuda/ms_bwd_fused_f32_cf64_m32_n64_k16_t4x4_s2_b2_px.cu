@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_bwd_fused_f32_cf64_m32_n64_k16_t4x4_s2_b2_px(const float* g, const float* z, const float* gw, const float* gwt, const float* wt0, const float* wt1, float* g_next, long long E, int L) {
-  ms::bwd_fused<float, 64, 32, 64, 16, 4, 4, 2, 4, Smem>(g, z, gw, gwt, wt0, wt1, g_next, E, L);
+  ms::bwd_fused<float, 64, 32, 64, 16, 4, 4, 2, 4, 0, Smem>(g, z, gw, gwt, wt0, wt1, g_next, E, L);
 }

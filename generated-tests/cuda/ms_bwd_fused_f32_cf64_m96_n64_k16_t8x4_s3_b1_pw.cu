@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(320, 1)
 ms_bwd_fused_f32_cf64_m96_n64_k16_t8x4_s3_b1_pw(const float* g, const float* z, const float* gw, const float* gwt, const float* wt0, const float* wt1, float* g_next, long long E, int L) {
-  ms::bwd_fused<float, 64, 96, 64, 16, 8, 4, 3, 3, Smem>(g, z, gw, gwt, wt0, wt1, g_next, E, L);
+  ms::bwd_fused<float, 64, 96, 64, 16, 8, 4, 3, 3, 0, Smem>(g, z, gw, gwt, wt0, wt1, g_next, E, L);
 }

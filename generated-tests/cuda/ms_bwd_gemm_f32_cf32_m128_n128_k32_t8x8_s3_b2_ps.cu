@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_bwd_gemm_f32_cf32_m128_n128_k32_t8x8_s3_b2_ps(const float* gz, const float* g, const float* wt, float* g_next, long long E, int L, int seg) {
-  ms::bwd_gemm<float, 32, 128, 128, 32, 8, 8, 3, 2, Smem>(gz, g, wt, g_next, E, L, seg);
+  ms::bwd_gemm<float, 32, 128, 128, 32, 8, 8, 3, 2, 0, Smem>(gz, g, wt, g_next, E, L, seg);
 }

@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 ms_bwd_gemm_f32_cf32_m64_n64_k16_t4x4_s2_b1_pr(const float* gz, const float* g, const float* wt, float* g_next, long long E, int L, int seg) {
-  ms::bwd_gemm<float, 32, 64, 64, 16, 4, 4, 2, 0, Smem>(gz, g, wt, g_next, E, L, seg);
+  ms::bwd_gemm<float, 32, 64, 64, 16, 4, 4, 2, 0, 0, Smem>(gz, g, wt, g_next, E, L, seg);
 }

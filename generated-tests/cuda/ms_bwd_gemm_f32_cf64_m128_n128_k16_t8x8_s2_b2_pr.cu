@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_bwd_gemm_f32_cf64_m128_n128_k16_t8x8_s2_b2_pr(const float* gz, const float* g, const float* wt, float* g_next, long long E, int L, int seg) {
-  ms::bwd_gemm<float, 64, 128, 128, 16, 8, 8, 2, 0, Smem>(gz, g, wt, g_next, E, L, seg);
+  ms::bwd_gemm<float, 64, 128, 128, 16, 8, 8, 2, 0, 0, Smem>(gz, g, wt, g_next, E, L, seg);
 }

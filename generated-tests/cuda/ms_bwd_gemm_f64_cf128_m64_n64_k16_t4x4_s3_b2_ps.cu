@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_bwd_gemm_f64_cf128_m64_n64_k16_t4x4_s3_b2_ps(const double* gz, const double* g, const double* wt, double* g_next, long long E, int L, int seg) {
-  ms::bwd_gemm<double, 128, 64, 64, 16, 4, 4, 3, 2, Smem>(gz, g, wt, g_next, E, L, seg);
+  ms::bwd_gemm<double, 128, 64, 64, 16, 4, 4, 3, 2, 0, Smem>(gz, g, wt, g_next, E, L, seg);
 }

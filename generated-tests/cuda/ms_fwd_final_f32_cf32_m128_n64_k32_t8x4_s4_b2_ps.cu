@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_final_f32_cf32_m128_n64_k32_t8x4_s4_b2_ps(const float* u, const float* w, const float* alpha, float* out, long long E, int L, int seg, int apply_alpha) {
-  ms::fwd_final<float, 32, 128, 64, 32, 8, 4, 4, 2, Smem>(u, w, alpha, out, E, L, seg, apply_alpha);
+  ms::fwd_final<float, 32, 128, 64, 32, 8, 4, 4, 2, 0, Smem>(u, w, alpha, out, E, L, seg, apply_alpha);
 }

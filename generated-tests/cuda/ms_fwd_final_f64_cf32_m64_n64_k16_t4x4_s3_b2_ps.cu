@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_final_f64_cf32_m64_n64_k16_t4x4_s3_b2_ps(const double* u, const double* w, const double* alpha, double* out, long long E, int L, int seg, int apply_alpha) {
-  ms::fwd_final<double, 32, 64, 64, 16, 4, 4, 3, 2, Smem>(u, w, alpha, out, E, L, seg, apply_alpha);
+  ms::fwd_final<double, 32, 64, 64, 16, 4, 4, 3, 2, 0, Smem>(u, w, alpha, out, E, L, seg, apply_alpha);
 }

@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_m0_f32_cf128_m128_n128_k32_t8x8_s3_b2_ps(const float* u, const float* w0, float* z, long long E, int L) {
-  ms::fwd_m0<float, 128, 128, 128, 32, 8, 8, 3, 2, Smem>(u, w0, z, E, L);
+  ms::fwd_m0<float, 128, 128, 128, 32, 8, 8, 3, 2, 0, Smem>(u, w0, z, E, L);
 }

@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 ms_fwd_m0_f32_cf128_m128_n64_k32_t8x4_s2_b1_pa(const float* u, const float* w0, float* z, long long E, int L) {
-  ms::fwd_m0<float, 128, 128, 64, 32, 8, 4, 2, 1, Smem>(u, w0, z, E, L);
+  ms::fwd_m0<float, 128, 128, 64, 32, 8, 4, 2, 1, 0, Smem>(u, w0, z, E, L);
 }

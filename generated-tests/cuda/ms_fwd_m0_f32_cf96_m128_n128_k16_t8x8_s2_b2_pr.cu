@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_m0_f32_cf96_m128_n128_k16_t8x8_s2_b2_pr(const float* u, const float* w0, float* z, long long E, int L) {
-  ms::fwd_m0<float, 96, 128, 128, 16, 8, 8, 2, 0, Smem>(u, w0, z, E, L);
+  ms::fwd_m0<float, 96, 128, 128, 16, 8, 8, 2, 0, 0, Smem>(u, w0, z, E, L);
 }

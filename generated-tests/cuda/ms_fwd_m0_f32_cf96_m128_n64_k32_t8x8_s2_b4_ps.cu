@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(128, 4)
 ms_fwd_m0_f32_cf96_m128_n64_k32_t8x8_s2_b4_ps(const float* u, const float* w0, float* z, long long E, int L) {
-  ms::fwd_m0<float, 96, 128, 64, 32, 8, 8, 2, 2, Smem>(u, w0, z, E, L);
+  ms::fwd_m0<float, 96, 128, 64, 32, 8, 8, 2, 2, 0, Smem>(u, w0, z, E, L);
 }

@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_m0_f64_cf96_m64_n64_k16_t4x4_s3_b2_ps(const double* u, const double* w0, double* z, long long E, int L) {
-  ms::fwd_m0<double, 96, 64, 64, 16, 4, 4, 3, 2, Smem>(u, w0, z, E, L);
+  ms::fwd_m0<double, 96, 64, 64, 16, 4, 4, 3, 2, 0, Smem>(u, w0, z, E, L);
 }

@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_m1_f32_cf32_m256_n64_k16_t8x8_s3_b2_ps(const float* u, const float* w1, const float* sig, float* z, float* u_next, long long E, int L) {
-  ms::fwd_m1<float, 32, 256, 64, 16, 8, 8, 3, 2, Smem>(u, w1, sig, z, u_next, E, L);
+  ms::fwd_m1<float, 32, 256, 64, 16, 8, 8, 3, 2, 0, Smem>(u, w1, sig, z, u_next, E, L);
 }

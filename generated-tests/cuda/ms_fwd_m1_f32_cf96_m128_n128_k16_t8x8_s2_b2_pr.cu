@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_m1_f32_cf96_m128_n128_k16_t8x8_s2_b2_pr(const float* u, const float* w1, const float* sig, float* z, float* u_next, long long E, int L) {
-  ms::fwd_m1<float, 96, 128, 128, 16, 8, 8, 2, 0, Smem>(u, w1, sig, z, u_next, E, L);
+  ms::fwd_m1<float, 96, 128, 128, 16, 8, 8, 2, 0, 0, Smem>(u, w1, sig, z, u_next, E, L);
 }

@@ -24,5 +24,5 @@ struct Smem {
 
 extern "C" __global__ void __launch_bounds__(256, 2)
 ms_fwd_m1_f64_cf128_m64_n64_k16_t4x4_s3_b2_ps(const double* u, const double* w1, const double* sig, double* z, double* u_next, long long E, int L) {
-  ms::fwd_m1<double, 128, 64, 64, 16, 4, 4, 3, 2, Smem>(u, w1, sig, z, u_next, E, L);
+  ms::fwd_m1<double, 128, 64, 64, 16, 4, 4, 3, 2, 0, Smem>(u, w1, sig, z, u_next, E, L);
 }

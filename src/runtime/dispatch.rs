@@ -26,7 +26,9 @@ use std::fmt;
 
 use super::error::{MixError, ShapeParam};
 use super::launch::dynamic_smem;
-use super::table::{self, Arch, Dtype, Geometry, KernelEntry, Layers, Pass, Serves, Stage, StageRole, Variant};
+use super::table::{
+    self, Arch, Dtype, Geometry, KernelEntry, Layers, Pass, Precision, Serves, Stage, StageRole, Variant,
+};
 
 /// The fused backward supports Cf below this only (stages.yaml
 /// `regime.fused_cf_below`: the per-group Cf x Cf register dot spills from
@@ -232,8 +234,11 @@ impl Default for Dispatch<'static> {
     }
 }
 
+/// The exact mode's key: the compensated (fp16x3) instances are built and
+/// register-checked, but the runtime does not serve that mode yet (issue
+/// 20), so no exact key ever picks one.
 fn entry_matches(e: &KernelEntry, stage: Stage, dtype: Dtype, cf: u32) -> bool {
-    e.stage == stage && e.dtype == dtype && e.cf == cf
+    e.stage == stage && e.dtype == dtype && e.cf == cf && e.geometry.precision() == Precision::Exact
 }
 
 /// Whether `e` may be dispatched for its own key: accepted, and for the
@@ -419,6 +424,10 @@ impl<'t> Dispatch<'t> {
         }
         if e.cf != cf {
             return Err(bad(format!("is a Cf {} kernel", e.cf)));
+        }
+        let precision = e.geometry.precision();
+        if precision != Precision::Exact {
+            return Err(bad(format!("is a {precision} kernel; the runtime serves the exact mode only (so far)")));
         }
         if !e.accepted {
             return Err(bad(format!(

@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use mixstack::kinds::{Dtype, Stage};
+use mixstack::kinds::{Dtype, Precision, Stage};
 use mixstack::runtime::dispatch::{forward_stages, is_fused_stage, Path};
 use mixstack::runtime::table::{self, Layers, Serves, Variant};
 use mixstack::runtime::{open_device, BackwardOptions, FusedMode, GateGemm, TileOverride};
@@ -162,6 +162,7 @@ pub fn run(args: &TuneArgs) -> CliResult {
             cf,
             tile: tile_of(best.name, stage, dtype, cf),
             gpu: Some(gpu_key(&device)),
+            precision: Precision::Exact,
         });
         std::io::stdout().flush()?;
     }

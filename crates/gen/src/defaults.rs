@@ -4,7 +4,7 @@
 //! (comments, order, spacing) is kept, so the diff a reviewer reads is the
 //! changed defaults only. The result is checked by parsing it again.
 
-use crate::kinds::{Dtype, Stage};
+use crate::kinds::{Dtype, Precision, Stage};
 
 /// One default to write.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,13 +16,19 @@ pub struct Default {
     pub tile: String,
     /// The GPU key (a part of the device name), or None for the generic default.
     pub gpu: Option<String>,
+    /// The mode it serves (written only when not exact).
+    pub precision: Precision,
 }
 
 impl Default {
     /// The list line, in the file's flow style.
     pub fn line(&self) -> String {
         let gpu = self.gpu.as_deref().map_or(String::new(), |g| format!(", gpu: {g}"));
-        format!("  - {{stage: {}, dtype: {}, cf: {}, tile: {}{gpu}}}", self.stage, self.dtype, self.cf, self.tile)
+        let prec = match self.precision {
+            Precision::Exact => String::new(),
+            p => format!(", precision: {p}"),
+        };
+        format!("  - {{stage: {}, dtype: {}, cf: {}, tile: {}{gpu}{prec}}}", self.stage, self.dtype, self.cf, self.tile)
     }
 }
 
@@ -35,13 +41,16 @@ pub enum WriteError {
     Unreadable { line: usize, text: String },
 }
 
-/// The (stage, dtype, Cf, GPU) key of a `- {stage: ..., ...}` line.
-fn key_of(line: &str) -> Option<(String, String, String, Option<String>)> {
+/// The (stage, dtype, Cf, GPU, precision) key of a `- {stage: ..., ...}` line.
+type Key = (String, String, String, Option<String>, String);
+
+fn key_of(line: &str) -> Option<Key> {
     let body = line.trim().strip_prefix("- {")?.strip_suffix('}')?;
     let mut stage = None;
     let mut dtype = None;
     let mut cf = None;
     let mut gpu = None;
+    let mut precision = Precision::Exact.as_str().to_string();
     for field in body.split(',') {
         let (k, v) = field.split_once(':')?;
         let v = v.trim().trim_matches(|c| c == '"' || c == '\'').to_string();
@@ -50,10 +59,11 @@ fn key_of(line: &str) -> Option<(String, String, String, Option<String>)> {
             "dtype" => dtype = Some(v),
             "cf" => cf = Some(v),
             "gpu" => gpu = Some(v.to_ascii_lowercase()),
+            "precision" => precision = v,
             _ => {}
         }
     }
-    Some((stage?, dtype?, cf?, gpu))
+    Some((stage?, dtype?, cf?, gpu, precision))
 }
 
 /// `text` (tiles.yaml) with `defaults` written into its `defaults:` list.
@@ -84,6 +94,7 @@ pub fn write(text: &str, defaults: &[Default]) -> Result<String, WriteError> {
             d.dtype.as_str().to_string(),
             d.cf.to_string(),
             d.gpu.as_deref().map(str::to_ascii_lowercase),
+            d.precision.as_str().to_string(),
         );
         let existing = (start + 1..insert_at).find(|&i| key_of(&lines[i]).as_ref() == Some(&key));
         match existing {

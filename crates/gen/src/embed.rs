@@ -3,7 +3,7 @@
 
 use super::check::Resources;
 use super::expand::{Instance, Pruned};
-use crate::kinds::{Arch, Dtype, Geometry, Stage, Variant};
+use crate::kinds::{Arch, Dtype, Geometry, Precision, Stage, Variant};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -31,6 +31,9 @@ pub struct ManifestInstance {
     pub stage: Stage,
     pub variant: Variant,
     pub dtype: Dtype,
+    /// The block products' arithmetic; absent: exact.
+    #[serde(default, skip_serializing_if = "is_exact")]
+    pub precision: Precision,
     pub cf: u32,
     /// lmax is a runtime argument of every kernel, not an axis: always null.
     pub lmax: Option<u32>,
@@ -60,9 +63,16 @@ pub struct DispatchRow {
     pub arch: Arch,
     pub stage: Stage,
     pub dtype: Dtype,
+    /// The mode this row serves; absent: exact.
+    #[serde(default, skip_serializing_if = "is_exact")]
+    pub precision: Precision,
     pub cf: u32,
     pub lmax: u32,
     pub instance: String,
+}
+
+fn is_exact(p: &Precision) -> bool {
+    *p == Precision::Exact
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -98,6 +108,7 @@ pub fn manifest_instance(b: &Built) -> ManifestInstance {
         stage: i.stage,
         variant: i.variant,
         dtype: i.dtype,
+        precision: i.geometry.precision(),
         cf: i.cf,
         lmax: None,
         block_m,
@@ -131,26 +142,29 @@ pub struct NoInstance {
     pub candidates: String,
 }
 
-/// The dispatch table, per arch and (stage, dtype, cf, lmax) key, by the
-/// one tile precedence rule (`kinds::preferred`) over the instances
-/// accepted on that arch and fitting its shared memory at that lmax. Marks
-/// `is_default` on the rows chosen for at least one key. Every key a stage
-/// serves must get an instance on every arch, except the fused stage's on an
-/// arch it has no tile for (the runtime runs the relay there).
+/// The dispatch table, per arch and (stage, dtype, precision, cf, lmax)
+/// key, by the one tile precedence rule (`kinds::preferred`) over the
+/// instances accepted on that arch and fitting its shared memory at that
+/// lmax. Marks `is_default` on the rows chosen for at least one key. Every
+/// exact key a stage serves must get an instance on every arch, except the
+/// fused stage's on an arch it has no tile for (the runtime runs the relay
+/// there); a compensated mode serves where its tiles are built and fit.
 pub fn resolve_dispatch(
     built: &mut [Built],
     archs: &[Arch],
     lmax: (u32, u32),
 ) -> Result<Vec<(DispatchRow, usize)>, NoInstance> {
-    let mut keys: BTreeMap<(Stage, Dtype, u32), Vec<usize>> = BTreeMap::new();
+    let mut keys: BTreeMap<(Stage, Dtype, Precision, u32), Vec<usize>> = BTreeMap::new();
     for (i, b) in built.iter().enumerate() {
-        keys.entry((b.instance.stage, b.instance.dtype, b.instance.cf)).or_default().push(i);
+        let x = &b.instance;
+        keys.entry((x.stage, x.dtype, x.geometry.precision(), x.cf)).or_default().push(i);
     }
     let mut rows = Vec::new();
     for &arch in archs {
-        for (&(stage, dtype, cf), idx) in &keys {
+        for (&(stage, dtype, precision, cf), idx) in &keys {
+            let optional = built[idx[0]].instance.variant == Variant::Fused || precision != Precision::Exact;
             let on_arch: Vec<usize> = idx.iter().copied().filter(|&i| built[i].arch == arch).collect();
-            if on_arch.is_empty() && built[idx[0]].instance.variant == Variant::Fused {
+            if on_arch.is_empty() && optional {
                 continue;
             }
             for l in lmax.0..=lmax.1 {
@@ -158,13 +172,16 @@ pub fn resolve_dispatch(
                     |i: &usize| built[*i].accepted && built[*i].instance.layout.bytes(cf, l) <= arch.max_smem();
                 let pick =
                     crate::kinds::preferred(on_arch.iter().copied().filter(usable), |i| built[i].instance.is_default);
+                if pick.is_none() && precision != Precision::Exact {
+                    continue;
+                }
                 let Some(p) = pick else {
                     let names = on_arch.iter().map(|&i| built[i].instance.name.as_str()).collect::<Vec<_>>();
                     let candidates = if names.is_empty() { "none built for it".to_string() } else { names.join(", ") };
                     return Err(NoInstance { arch, stage, dtype, cf, lmax: l, candidates });
                 };
                 let instance = built[p].instance.name.clone();
-                rows.push((DispatchRow { arch, stage, dtype, cf, lmax: l, instance }, p));
+                rows.push((DispatchRow { arch, stage, dtype, precision, cf, lmax: l, instance }, p));
             }
         }
     }
@@ -212,8 +229,8 @@ pub fn kernel_table(
         let i = &b.instance;
         let r = &b.resources;
         let geometry = match i.geometry {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe } => {
-                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks}, pipe: Pipe::{pipe:?} }}")
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision } => {
+                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks}, pipe: Pipe::{pipe:?}, precision: Precision::{precision:?} }}")
             }
             Geometry::Rows { rows, threads, min_blocks } => {
                 format!("Geometry::Rows {{ rows: {rows}, threads: {threads}, min_blocks: {min_blocks} }}")

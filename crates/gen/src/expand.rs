@@ -146,6 +146,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
                         stages: t.stages,
                         min_blocks: t.min_blocks,
                         pipe: t.pipe,
+                        precision: t.precision,
                     };
                     v.push((g, specs.archs_of(t.archs.as_deref())));
                 }
@@ -165,7 +166,10 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
-    if let Geometry::Gemm { block_k, pipe, .. } = *g {
+    if let Geometry::Gemm { block_k, pipe, precision, .. } = *g {
+        if variant == Variant::Fused && precision != crate::kinds::Precision::Exact {
+            return Some(format!("the fused backward has no {precision} walk yet: its tiles are exact"));
+        }
         if variant == Variant::Fused && !pipe.persistent() {
             return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
         }

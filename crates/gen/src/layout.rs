@@ -59,6 +59,10 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         Geometry::Gemm { block_m, bn, block_k, stages, pipe, .. } => (block_m, bn, block_k, stages, pipe),
         Geometry::Rows { rows, .. } => (rows, 0, 0, 0, crate::kinds::Pipe::Regs),
     };
+    // The fp16x3 core (core.cuh: gemm_x3) pads its ring's rows for
+    // conflict-free fragment loads: A rows of BK + 8 floats, B rows of BN + 4
+    // (x3::a_pitch, x3::b_pitch).
+    let x3 = g.precision() == crate::kinds::Precision::Fp16x3;
     let mut at = 0u32;
     let mut place = |bytes: u32| {
         let off = at;
@@ -91,6 +95,8 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         match b {
             // With two stages the next K chunk is stored while this one computes.
             // regs: A k-major (bk rows of bm + pad); async: row-major (bm rows of bk + pad).
+            SmemBuf::ATile if x3 => l.a_tile = place(prod(&[stages, bm, bk.saturating_add(8), sz])),
+            SmemBuf::BTile if x3 => l.b_tile = place(prod(&[stages, bk, bn.saturating_add(4), sz])),
             SmemBuf::ATile => {
                 l.a_tile = match pipe {
                     crate::kinds::Pipe::Regs => place(prod(&[stages, bk, bm.saturating_add(apad), sz])),

@@ -133,6 +133,16 @@ pub fn check_defaults(specs: &Specs, exp: &Expansion) -> Result<(), SpecError> {
                 format!("no instance {name}: the tile is not in the stage's tile set for that dtype and Cf"),
             ));
         }
+        if let Some(x) = exp.instances.iter().find(|x| x.name == name) {
+            let p = x.geometry.precision();
+            if p != d.precision {
+                return Err(specs.invalid(
+                    "tiles.yaml",
+                    format!("defaults[{i}].precision"),
+                    format!("{name} is a {p} tile; its default must say `precision: {p}` (here: {})", d.precision),
+                ));
+            }
+        }
     }
     Ok(())
 }

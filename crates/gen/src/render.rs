@@ -146,8 +146,10 @@ impl Renderer {
         let args: Vec<String> = inst.params.iter().filter_map(|p| Param::parse(p).map(|p| p.name)).collect();
         let mut targs = vec![ct.to_string(), inst.cf.to_string()];
         match (inst.kind, inst.geometry) {
-            (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, pipe, .. }) => {
-                targs.extend([block_m, bn, block_k, tm, tn, stages, pipe.code()].map(|v| v.to_string()));
+            (Kind::Gemm, Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, pipe, precision, .. }) => {
+                targs.extend(
+                    [block_m, bn, block_k, tm, tn, stages, pipe.code(), precision.code()].map(|v| v.to_string()),
+                );
             }
             (_, Geometry::Rows { rows, threads, .. }) => targs.extend([rows, threads].map(|v| v.to_string())),
             (Kind::Rows, Geometry::Gemm { .. }) => unreachable!("expand pairs kinds with geometries"),

@@ -4,7 +4,7 @@
 //! and the field. Every number is bounded here, so the arithmetic of
 //! expansion and layout cannot overflow (and checks that it does not).
 
-use crate::kinds::{Arch, Dtype, Layers, Pass, Serves, Stage, StageRole, Variant};
+use crate::kinds::{Arch, Dtype, Layers, Pass, Pipe, Precision, Serves, Stage, StageRole, Variant};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -185,7 +185,11 @@ pub struct GemmTileSpec {
     /// `__launch_bounds__` minimum blocks per SM (1: no register cap).
     pub min_blocks: u32,
     /// How the K loop is fed: regs (stages 1..2), async or stream (stages 2..4).
-    pub pipe: crate::kinds::Pipe,
+    pub pipe: Pipe,
+    /// The block products' arithmetic (default exact); fp16x3 tiles run the
+    /// compensated tensor-core core (docs/PRECISION.md).
+    #[serde(default)]
+    pub precision: Precision,
     /// The target archs this tile is built for (default: all of stages.yaml's).
     #[serde(default)]
     pub archs: Option<Vec<Arch>>,
@@ -217,6 +221,10 @@ pub struct DefaultSpec {
     /// without case ("H200", "A100"); none: every GPU without one of its own.
     #[serde(default)]
     pub gpu: Option<String>,
+    /// The mode the default serves (default exact): each mode has its own
+    /// defaults, and the tile named must be of that precision.
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 // ----------------------------------------------------------------- loading
@@ -487,11 +495,8 @@ impl Specs {
                     self.bounded(field("block_k"), "block_k", k, TILE)?;
                 }
                 let stages_ok = match t.pipe {
-                    crate::kinds::Pipe::Regs => (1..=2).contains(&t.stages),
-                    crate::kinds::Pipe::Async
-                    | crate::kinds::Pipe::Stream
-                    | crate::kinds::Pipe::Ws
-                    | crate::kinds::Pipe::Split => (2..=4).contains(&t.stages),
+                    Pipe::Regs => (1..=2).contains(&t.stages),
+                    Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split => (2..=4).contains(&t.stages),
                 };
                 if !stages_ok {
                     return Err(self.invalid(
@@ -499,6 +504,9 @@ impl Specs {
                         field("stages"),
                         "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream, ws or split",
                     ));
+                }
+                if t.precision == Precision::Fp16x3 {
+                    self.fp16x3_tile(&field, t)?;
                 }
                 if t.block_m % t.tm != 0 || t.bn % t.tn != 0 {
                     return Err(self.invalid("tiles.yaml", field("tm"), "tm must divide block_m and tn divide bn"));
@@ -569,6 +577,30 @@ impl Specs {
         self.validate_defaults()
     }
 
+    /// What the fp16x3 core (templates/core.cuh: gemm_x3) is written for:
+    /// f32 operands, the persistent cp.async ring (pipe: stream), one warp
+    /// per 32 x 32 output tile (tm 8 x tn 4 outputs per thread) and whole
+    /// m16n8k16 steps per K chunk.
+    fn fp16x3_tile(&self, field: &dyn Fn(&str) -> String, t: &GemmTileSpec) -> Result<(), SpecError> {
+        let bad = |f: &str, m: &str| Err(self.invalid("tiles.yaml", field(f), format!("precision fp16x3: {m}")));
+        if t.dtypes != [Dtype::F32] {
+            return bad("dtypes", "the compensated products take f32 operands: dtypes [f32]");
+        }
+        if t.pipe != Pipe::Stream {
+            return bad("pipe", "the core runs on the persistent ring: pipe stream");
+        }
+        if (t.tm, t.tn) != (8, 4) {
+            return bad("tm", "one warp per 32 x 32 output tile: tm 8, tn 4");
+        }
+        if !t.block_m.is_multiple_of(32) || !t.bn.is_multiple_of(32) {
+            return bad("block_m", "block_m and bn must be multiples of 32 (whole warp tiles)");
+        }
+        if !matches!(t.block_k, BlockK::Fixed(k) if k.is_multiple_of(16)) {
+            return bad("block_k", "a number, a multiple of 16 (whole m16n8k16 steps)");
+        }
+        Ok(())
+    }
+
     /// A tile's own `archs`: a non-empty subset of stages.yaml's, none twice.
     fn tile_archs(&self, field: String, archs: Option<&[Arch]>) -> Result<(), SpecError> {
         let Some(archs) = archs else { return Ok(()) };
@@ -603,8 +635,8 @@ impl Specs {
             if x.gpu.as_deref().is_some_and(|g| g.trim().is_empty()) {
                 return Err(self.invalid("tiles.yaml", format!("defaults[{i}].gpu"), "an empty GPU name"));
             }
-            let key = (x.stage, x.dtype, x.cf, gpu_of(x));
-            if let Some(j) = d[..i].iter().position(|y| (y.stage, y.dtype, y.cf, gpu_of(y)) == key) {
+            let key = (x.stage, x.dtype, x.cf, gpu_of(x), x.precision);
+            if let Some(j) = d[..i].iter().position(|y| (y.stage, y.dtype, y.cf, gpu_of(y), y.precision) == key) {
                 let on = x.gpu.as_deref().map_or(String::new(), |g| format!(" on GPU {g}"));
                 return Err(self.invalid(
                     "tiles.yaml",
@@ -648,7 +680,7 @@ fn overlaps(a: &RowsTileSpec, b: &RowsTileSpec) -> bool {
 /// Two GEMM entries that give one (dtype, Cf) the same geometry, hence one
 /// name (`block_k: cf` equals the number Cf).
 fn same_tile(a: &GemmTileSpec, b: &GemmTileSpec) -> bool {
-    let rest = |t: &GemmTileSpec| (t.block_m, t.bn, t.tm, t.tn, t.stages, t.min_blocks, t.pipe);
+    let rest = |t: &GemmTileSpec| (t.block_m, t.bn, t.tm, t.tn, t.stages, t.min_blocks, t.pipe, t.precision);
     if rest(a) != rest(b) || !shares_axis(&a.dtypes, &b.dtypes) {
         return false;
     }

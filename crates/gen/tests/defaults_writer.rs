@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use mixstack_gen::defaults::{write, Default, WriteError};
 use mixstack_gen::expand::expand;
-use mixstack_gen::kinds::{Dtype, Stage};
+use mixstack_gen::kinds::{Dtype, Precision, Stage};
 use mixstack_gen::spec;
 
 fn specs_dir() -> PathBuf {
@@ -23,7 +23,7 @@ fn shipped() -> String {
 }
 
 fn d(stage: Stage, cf: u32, tile: &str, gpu: Option<&str>) -> Default {
-    Default { stage, dtype: Dtype::F32, cf, tile: tile.into(), gpu: gpu.map(Into::into) }
+    Default { stage, dtype: Dtype::F32, cf, tile: tile.into(), gpu: gpu.map(Into::into), precision: Precision::Exact }
 }
 
 #[test]

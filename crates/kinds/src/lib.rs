@@ -231,6 +231,56 @@ impl Pipe {
     }
 }
 
+/// The arithmetic of a GEMM tile's block products (docs/PRECISION.md).
+/// Every pointwise value stays the exact operator sequences of ops.yaml in
+/// either mode; only the block GEMMs change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// fp32 FFMA (f64: DFMA), k ascending: the reference arithmetic.
+    #[default]
+    Exact,
+    /// Compensated tensor-core products: each fp32 operand split into an
+    /// fp16 head and an fp16 tail (scaled by 2^11), three fp16 products per
+    /// K step accumulated in fp32 (mma.sync m16n8k16), with a power-of-two
+    /// scale per (row, K chunk) of A.
+    Fp16x3,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 2] = [Precision::Exact, Precision::Fp16x3];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Fp16x3 => "fp16x3",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+    /// The value of the kernels' PREC template argument.
+    pub fn code(self) -> u32 {
+        match self {
+            Precision::Exact => 0,
+            Precision::Fp16x3 => 1,
+        }
+    }
+    /// The suffix of a tile's name part: none for exact, so that every
+    /// exact instance keeps its name.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Precision::Exact => "",
+            Precision::Fp16x3 => "_x3",
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How a stage is launched (docs/KERNELS.md "Launch geometry").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Geometry {
@@ -239,7 +289,18 @@ pub enum Geometry {
     /// `stages`: shared-memory stages of the K loop (2: the next chunk is
     /// loaded while this one computes); `min_blocks`: the second argument of
     /// `__launch_bounds__` (>1 caps registers for occupancy).
-    Gemm { block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32, stages: u32, min_blocks: u32, pipe: Pipe },
+    /// `precision`: the block products' arithmetic.
+    Gemm {
+        block_m: u32,
+        bn: u32,
+        block_k: u32,
+        tm: u32,
+        tn: u32,
+        stages: u32,
+        min_blocks: u32,
+        pipe: Pipe,
+        precision: Precision,
+    },
     /// ROWS edges per block, THREADS threads; `min_blocks` as for Gemm.
     Rows { rows: u32, threads: u32, min_blocks: u32 },
 }
@@ -258,6 +319,13 @@ impl Geometry {
             Geometry::Rows { threads, .. } => threads,
         }
     }
+    /// The block products' arithmetic (row stages: exact).
+    pub fn precision(&self) -> Precision {
+        match *self {
+            Geometry::Gemm { precision, .. } => precision,
+            Geometry::Rows { .. } => Precision::Exact,
+        }
+    }
     /// Edges per block.
     pub fn rows(&self) -> u32 {
         match *self {
@@ -268,8 +336,12 @@ impl Geometry {
     /// The tile part of the canonical name.
     pub fn tag(&self) -> String {
         match *self {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe } => {
-                format!("m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}_{}", pipe.tag())
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision } => {
+                format!(
+                    "m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}_{}{}",
+                    pipe.tag(),
+                    precision.tag()
+                )
             }
             Geometry::Rows { rows, threads, min_blocks } => format!("r{rows}_t{threads}_b{min_blocks}"),
         }
