@@ -42,9 +42,9 @@ if [ "${PROBE_TILES:-0}" = 1 ]; then
   done | tee "$OUT/r/probe_tiles.txt"
 fi
 if [ "${RACE_REPRO:-0}" = 1 ]; then
-  # 0 must be clean and 2 must report; 3-11 are the ws kernels' differences
+  # 0 must be clean and 2 must report; 3-12 are the ws kernels' differences
   # (each mode's whole report kept: race_mode_M.txt)
-  nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6 7 8 9 10 11; do
+  nvcc -arch=sm_90 -o "$OUT/r/arrive" bench/runs/run87/arrive_next.cu && for m in 0 2 3 4 5 6 7 8 9 10 11 12; do
     compute-sanitizer --tool racecheck "$OUT/r/arrive" $m > "$OUT/r/race_mode_$m.txt" 2>&1
     echo "race repro mode $m: $(grep -E 'RACECHECK SUMMARY' "$OUT/r/race_mode_$m.txt")"
   done | tee "$OUT/r/race_repro.txt"

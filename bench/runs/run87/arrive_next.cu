@@ -15,6 +15,9 @@
 //      7 and 8 clean, 9 reports 3 hazards)
 //  10: 8 + 5 (no producers-/consumers-only barriers)
 //  11: 8 + 3 (no cp.async)
+//  12: 7 + 5 (immediate barrier ids, cp.async in place; run 96: 10 reports
+//      3 hazards, 11 none: is the register id the trigger or the two
+//      segments with cp.async?)
 #include <cstdio>
 #include <cstdlib>
 __device__ __forceinline__ void bar_sync_r(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
@@ -22,7 +25,7 @@ __device__ __forceinline__ void bar_sync_r(int id, int n) { asm volatile("bar.sy
 __device__ void two_segments(int mode, const float* in, float* out, int seg_id) {
   __shared__ __align__(16) float buf[512];
   const int t = threadIdx.x;
-  const bool pair = mode == 9 || mode == 11, async = mode == 9 || mode == 10, reg = mode >= 8;
+  const bool pair = mode == 9 || mode == 11, async = mode == 9 || mode == 10 || mode == 12, reg = mode >= 8 && mode != 12;
   if (t < 128) {
     if (pair) asm volatile("bar.sync 1, 128;" ::: "memory");
     for (int s = 0; s < 2; ++s) {
