@@ -776,21 +776,6 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 }
 // FULL/EMPTY + segment (pipe: ws) or + per-row buffer slot (pipe: split).
 enum WsBarrier { WS_PRODUCERS = 1, WS_CONSUMERS = 2, WS_FULL = 3, WS_EMPTY = 5 };
-// Barrier ID or ID + 1 by a runtime slot s (0 for a fixed barrier), the id
-// an immediate either way. pipe: ws hands cp.async'd panels over these:
-// racecheck reported hazards in its kernels with register ids (BENCH.md
-// runs 83-96; arrive_next.cu mode 10 reproduces them, modes 5 and 8 do not),
-// so the ws kernels name every barrier by an immediate.
-template <int ID>
-__device__ __forceinline__ void bar_sync_of2(int s, int n) {
-  if (s) asm volatile("bar.sync %0, %1;" ::"n"(ID + 1), "r"(n) : "memory");
-  else asm volatile("bar.sync %0, %1;" ::"n"(ID), "r"(n) : "memory");
-}
-template <int ID>
-__device__ __forceinline__ void bar_arrive_of2(int s, int n) {
-  if (s) asm volatile("bar.arrive %0, %1;" ::"n"(ID + 1), "r"(n) : "memory");
-  else asm volatile("bar.arrive %0, %1;" ::"n"(ID), "r"(n) : "memory");
-}
 
 // One output segment: columns [off, off + N) of each row, from A columns
 // [off, off + N) times B (N x N, row-major).
@@ -1021,13 +1006,13 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
     for (i64 rb = blockIdx.x; rb < nrb; rb += gridDim.x) {
       const bool first = rb == (i64)blockIdx.x;
       // The last row block's fills read the per-row buffers this rewrites.
-      if (!first) bar_sync_of2<WS_PRODUCERS>(0, P);
-      a.prologue(rb * BM, [] { bar_sync_of2<WS_PRODUCERS>(0, P); });
+      if (!first) bar_sync(WS_PRODUCERS, P);
+      a.prologue(rb * BM, [] { bar_sync(WS_PRODUCERS, P); });
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        if (!first) bar_sync_of2<WS_EMPTY>(s, ALL);
+        if (!first) bar_sync(WS_EMPTY + s, ALL);
         a.fill(s, rb * BM);
-        bar_arrive_of2<WS_FULL>(s, ALL);
+        bar_arrive(WS_FULL + s, ALL);
       }
     }
     return;
@@ -1073,9 +1058,9 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
   int cst = 0;
   for (i64 q = 0; q < nq; ++q) {
     const int kts = cw.s ? kt1 : kt0, cts = cw.s ? ct1 : ct0;
-    if (cw.ct == 0 && cw.kt == 0) bar_sync_of2<WS_FULL>(cw.s, ALL);  // this segment's panel is formed
+    if (cw.ct == 0 && cw.kt == 0) bar_sync(WS_FULL + cw.s, ALL);  // this segment's panel is formed
     cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
-    bar_sync_of2<WS_CONSUMERS>(0, C);  // everyone's have; everyone is done with chunk q-1's slot
+    bar_sync(WS_CONSUMERS, C);    // everyone's have; everyone is done with chunk q-1's slot
     if (lq < nq) load_next();
     cp_async_commit();
     const int off = cw.s ? seg1.off : seg0.off;
@@ -1083,7 +1068,7 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (cw.kt == kts - 1) {
       // The segment's last read of the panel: hand it back if another row block follows.
-      if (cw.ct == cts - 1 && cw.rb + gridDim.x < nrb) bar_arrive_of2<WS_EMPTY>(cw.s, ALL);
+      if (cw.ct == cts - 1 && cw.rb + gridDim.x < nrb) bar_arrive(WS_EMPTY + cw.s, ALL);
       store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, cw.rb * BM, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
     }
     cw.step(kt0, kt1, ct0, ct1);

@@ -15,9 +15,9 @@
 //      7 and 8 clean, 9 reports 3 hazards)
 //  10: 8 + 5 (no producers-/consumers-only barriers)
 //  11: 8 + 3 (no cp.async)
-//  12: 7 + 5 (immediate barrier ids, cp.async in place; run 96: 10 reports
-//      3 hazards, 11 none: is the register id the trigger or the two
-//      segments with cp.async?)
+//  12: 7 + 5 (immediate barrier ids, cp.async in place). Run 97: 2
+//      hazards (10: 4, 11: none): the two-segment handover of cp.async'd
+//      data rewritten in place is reported whatever names the barriers.
 #include <cstdio>
 #include <cstdlib>
 __device__ __forceinline__ void bar_sync_r(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
