@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The accepted f32 instances of one stage at one Cf, a name a line, each once
+# The accepted exact f32 instances of one stage at one Cf (the runtime serves
+# the exact mode only, so far), a name a line, each once
 # (the report has a row per arch), in the report's order, those whose names
 # MATCH (a regex) keeps. Over the staged binary (.device/mixstack).
 #   scripts/instances.sh STAGE CF
@@ -8,5 +9,6 @@ set -uo pipefail
 import json, sys
 stage, cf = sys.argv[1], int(sys.argv[2])
 rows = json.load(sys.stdin)['instances']
-keep = (i['name'] for i in rows if i['stage'] == stage and i['dtype'] == 'f32' and i['cf'] == cf and i['accepted'])
+keep = (i['name'] for i in rows if i['stage'] == stage and i['dtype'] == 'f32' and i['cf'] == cf and i['accepted']
+        and i.get('precision', 'exact') == 'exact')
 print('\n'.join(dict.fromkeys(keep)))" "$1" "$2" | grep -E "${MATCH:-.}"

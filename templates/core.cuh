@@ -1088,9 +1088,14 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
 // 2^(11 - x) for a chunk row max of m 2^x, so its largest value lies in
 // [2^10, 2^11): the split keeps fp32 accuracy whatever the row's magnitude
 // (fp16's range alone loses it below ~1e-3 and overflows above 6.5e4).
-// B (the weights) is split unscaled: |w| up to 6.5e4. Every result is a
-// function of the chunk's operands through one instruction sequence, so any
-// kernel running this core over the same chunks gets the same bits.
+// B (the weights) is split unscaled: |w| up to 6.5e4 (beyond, the head is
+// inf and the outputs it touches NaN; below ~1e-4 a weight's tail is
+// subnormal: the runtime will check the weights' range before it serves the
+// mode). Every result is a function of the chunk's operands through one
+// instruction sequence, so any kernel running this core over the same K
+// chunks gets the same bits; the chunk width BLOCK_K is part of the
+// arithmetic (the scale and the fold are per chunk), so every fp16x3 tile
+// of a set has one BLOCK_K (checked by the spec).
 namespace x3 {
 constexpr float TAIL = 2048.f, INV_TAIL = 1.f / 2048.f;
 
@@ -1113,15 +1118,16 @@ __device__ __forceinline__ void split2(float x, float y, unsigned& h, unsigned& 
   l = pack_h2((x - hx) * TAIL, (y - hy) * TAIL);
 }
 // s = 2^(11 - x) and inv = 2^(x - 11) for mx = m 2^x (m in [0.5, 1)), from
-// the bits (exact powers of two). A zero, subnormal or non-finite max gives
-// 1: zeros stay zero, inf and NaN stay non-finite.
+// the bits (exact powers of two), both from one clamped x so that s * inv
+// is exactly 1: a max below 2^-115 (subnormal included) is scaled as 2^-115
+// is, and keeps its values normal in fp16. A zero max gives 1 (the chunk
+// row is zeros); a non-finite one 1 (inf and NaN stay non-finite).
 __device__ __forceinline__ void scale_of(float mx, float& s, float& inv) {
   const int ex = (int)((__float_as_uint(mx) >> 23) & 0xff);
-  const bool plain = ex == 0 || ex == 255;
-  const int x = ex - 126;
-  const int es = plain ? 127 : min(max(138 - x, 1), 254), ei = plain ? 127 : min(max(116 + x, 1), 254);
-  s = __uint_as_float((unsigned)es << 23);
-  inv = __uint_as_float((unsigned)ei << 23);
+  const bool plain = mx == 0.f || ex == 255;
+  const int x = max(ex - 126, -115);  // ex - 126 <= 128: both exponents stay in 1..254
+  s = __uint_as_float((unsigned)(plain ? 127 : 138 - x) << 23);
+  inv = __uint_as_float((unsigned)(plain ? 127 : 116 + x) << 23);
 }
 // c += a b, and c = a b (c's inputs zero).
 __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -1242,6 +1248,8 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
   constexpr int THREADS = BM * BN / 32, AK = x3::a_pitch(BK), BP = x3::b_pitch(BN);
   constexpr int A_STAGE = BM * AK, B_STAGE = BK * BP;
   static_assert(BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0, "whole warp tiles and m16n8k16 steps");
+  static_assert(SMEM_B >= SMEM_A + STAGES * A_STAGE * 4 || SMEM_A >= SMEM_B + STAGES * B_STAGE * 4,
+                "the A and B rings overlap: layout.rs and x3's pitches disagree");
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   float* As = smem_at<float>(SMEM_A);
   float* Bs = smem_at<float>(SMEM_B);

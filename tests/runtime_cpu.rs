@@ -506,8 +506,13 @@ fn builtin_choice_is_the_builds_dispatch_table() {
     assert!(!m.dispatch.is_empty());
     assert_eq!(m.archs, table::ARCHS);
     let none = TileOverride::new();
-    // The runtime serves the exact mode (so far): the fp16x3 rows are the
-    // build's choice for that mode, checked in fp16x3_entries_are_...
+    // Each row names an instance of its own mode; the runtime serves the
+    // exact mode (so far), whose rows it must reproduce.
+    for r in &m.dispatch {
+        let e = table::KERNELS.iter().find(|e| e.name == r.instance && e.arch == r.arch).unwrap();
+        assert_eq!(e.geometry.precision(), r.precision, "{}", r.instance);
+    }
+    assert!(m.dispatch.iter().any(|r| r.precision == Precision::Fp16x3));
     for r in m.dispatch.iter().filter(|r| r.precision == Precision::Exact) {
         let d = Dispatch::builtin().with_arch(r.arch).with_smem_limit(Some(r.arch.max_smem() as u64));
         let got = d.select(r.stage, r.dtype, r.cf, r.lmax, &none).unwrap();
@@ -911,6 +916,8 @@ fn fp16x3_entries_are_never_dispatched_in_the_exact_mode() {
     let x3: Vec<&KernelEntry> = table::KERNELS.iter().filter(|e| e.geometry.precision() == Precision::Fp16x3).collect();
     assert!(!x3.is_empty(), "the build has fp16x3 instances");
     for e in x3 {
+        // accepted, so that only the precision rule can keep it out below
+        assert!(e.accepted, "{}", e.name);
         let d = Dispatch::builtin().with_arch(e.arch);
         assert!(d.candidates(e.stage, e.dtype, e.cf).iter().all(|c| c.geometry.precision() == Precision::Exact));
         let tiles = TileOverride::new().with(e.stage, e.name);

@@ -473,8 +473,10 @@ fn fp16x3_tiles_outside_what_the_core_is_written_for_are_refused_where_written()
     for (from, to, field, why) in [
         ("dtypes: [f32]", "dtypes: [f32, f64]", "dtypes", "dtypes [f32]"),
         ("tm: 8, tn: 4", "tm: 4, tn: 4", "tm", "tm 8, tn 4"),
-        ("block_k: 16", "block_k: 8", "block_k", "multiple of 16"),
+        ("tm: 8, tn: 4", "tm: 8, tn: 8", "tn", "tm 8, tn 4"),
+        ("block_k: 32", "block_k: 8", "block_k", "multiple of 16"),
         ("block_m: 128", "block_m: 80", "block_m", "multiples of 32"),
+        ("bn: 64", "bn: 48", "bn", "multiples of 32"),
     ] {
         let dir = specs_with("tiles.yaml", |t| {
             let line = x3_line(t);
@@ -491,6 +493,14 @@ fn fp16x3_tiles_outside_what_the_core_is_written_for_are_refused_where_written()
         t.replacen(&line, &line.replacen("pipe: stream", "pipe: async", 1), 1)
     });
     assert!(load_err(&dir).contains("pipe stream"));
+    // The chunk width is part of the arithmetic: one block_k per set.
+    let dir = specs_with("tiles.yaml", |t| {
+        let line = x3_line(t);
+        let other = line.replacen("block_k: 32", "block_k: 64", 1).replacen("stages: 3", "stages: 2", 1);
+        t.replacen(&line, &format!("{line}\n{other}"), 1)
+    });
+    let e = load_err(&dir);
+    assert!(e.contains("one block_k") && e.contains(".block_k"), "{e}");
 }
 
 #[test]
@@ -508,12 +518,19 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
         assert!(i.name.ends_with("_x3"), "{}", i.name);
         assert!(!i.is_default, "{} is named by an exact default", i.name);
     }
-    // an exact-named tile and its fp16x3 twin are two instances
-    let twin = x3[0].name.trim_end_matches("_x3");
-    assert!(x3.iter().all(|i| i.name != twin));
+    // an exact tile of the same geometry is another instance, not a duplicate
+    let dir = specs_with("tiles.yaml", |t| {
+        let line = x3_line(t);
+        t.replacen(&line, &format!("{line}\n{}", line.replacen("precision: fp16x3, ", "", 1)), 1)
+    });
+    let s2 = spec::load(&dir).unwrap();
+    let exp2 = expand(&s2, None).unwrap();
+    let name = &x3[0].name;
+    assert!(exp2.instances.iter().any(|i| &i.name == name));
+    assert!(exp2.instances.iter().any(|i| i.name == name.trim_end_matches("_x3")), "{name}'s exact twin");
     // a default naming an fp16x3 tile must say so
     let dir = specs_with("tiles.yaml", |t| {
-        format!("{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k16_t8x4_s4_b2_ps_x3}}\n")
+        format!("{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k32_t8x4_s3_b1_ps_x3}}\n")
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None).unwrap()).unwrap_err().to_string();
@@ -521,7 +538,7 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
     // ... and with it, it is that mode's default, beside the exact one
     let dir = specs_with("tiles.yaml", |t| {
         format!(
-            "{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k16_t8x4_s4_b2_ps_x3, precision: fp16x3}}\n"
+            "{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k32_t8x4_s3_b1_ps_x3, precision: fp16x3}}\n"
         )
     });
     let s = spec::load(&dir).unwrap();
@@ -530,7 +547,7 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
     assert!(exp
         .instances
         .iter()
-        .any(|i| i.is_default && i.name == "ms_bwd_gemm_f32_cf32_m128_n64_k16_t8x4_s4_b2_ps_x3"));
+        .any(|i| i.is_default && i.name == "ms_bwd_gemm_f32_cf32_m128_n64_k32_t8x4_s3_b1_ps_x3"));
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! backward path per (dtype, Cf).
 
 use super::CliResult;
-use mixstack::kinds::{Arch, Dtype};
+use mixstack::kinds::{Arch, Dtype, Precision};
 use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE};
 use mixstack::runtime::Dispatch;
 use mixstack_gen::buildlog;
@@ -125,7 +125,12 @@ pub fn run(json: bool) -> CliResult {
             i.spill_stores,
             i.spill_loads,
             if i.accepted { "yes" } else { "SPILLS" },
-            if i.is_default { "yes" } else { "" }
+            match (i.is_default, i.precision) {
+                (false, _) => "",
+                (true, Precision::Exact) => "yes",
+                // the mode's own keys, which the runtime does not serve yet
+                (true, _) => "fp16x3 key (not served yet)",
+            }
         );
     }
     for p in &m.pruned {
@@ -136,23 +141,26 @@ pub fn run(json: bool) -> CliResult {
     for i in rejected {
         println!("{:<52} {:<5} {}", i.name, i.arch.as_str(), buildlog::spills(i));
     }
-    println!("\n# dispatch per (arch, stage, dtype, cf): instance [lmax range]");
+    println!("\n# dispatch per (arch, stage, dtype, precision, cf): instance [lmax range]");
     let mut i = 0;
     while i < m.dispatch.len() {
         let r = &m.dispatch[i];
         let mut j = i;
         while j + 1 < m.dispatch.len() {
             let n = &m.dispatch[j + 1];
-            if (n.arch, n.stage, n.dtype, n.cf, &n.instance) != (r.arch, r.stage, r.dtype, r.cf, &r.instance) {
+            if (n.arch, n.stage, n.dtype, n.precision, n.cf, &n.instance)
+                != (r.arch, r.stage, r.dtype, r.precision, r.cf, &r.instance)
+            {
                 break;
             }
             j += 1;
         }
         println!(
-            "{:<5} {:<15} {:<4} cf {:>3} lmax {}..{}: {}",
+            "{:<5} {:<15} {:<4} {:<6} cf {:>3} lmax {}..{}: {}",
             r.arch.as_str(),
             r.stage.as_str(),
             r.dtype.as_str(),
+            r.precision.as_str(),
             r.cf,
             r.lmax,
             m.dispatch[j].lmax,

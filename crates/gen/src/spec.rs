@@ -507,6 +507,20 @@ impl Specs {
                 }
                 if t.precision == Precision::Fp16x3 {
                     self.fp16x3_tile(&field, t)?;
+                    // The chunk width is part of the mode's arithmetic (a
+                    // scale and a fold per chunk): one per set, so that any
+                    // of its tiles gives the same bits.
+                    let first = tiles.iter().position(|u| u.precision == Precision::Fp16x3).unwrap_or(i);
+                    if tiles[first].block_k != t.block_k {
+                        return Err(self.invalid(
+                            "tiles.yaml",
+                            field("block_k"),
+                            format!(
+                                "precision fp16x3: every fp16x3 tile of gemm.{set} must have one block_k (its results depend on it), as gemm.{set}[{first}] (line {})",
+                                self.line_of("tiles.yaml", &format!("gemm.{set}[{first}]"))
+                            ),
+                        ));
+                    }
                 }
                 if t.block_m % t.tm != 0 || t.bn % t.tn != 0 {
                     return Err(self.invalid("tiles.yaml", field("tm"), "tm must divide block_m and tn divide bn"));
@@ -589,11 +603,15 @@ impl Specs {
         if t.pipe != Pipe::Stream {
             return bad("pipe", "the core runs on the persistent ring: pipe stream");
         }
-        if (t.tm, t.tn) != (8, 4) {
-            return bad("tm", "one warp per 32 x 32 output tile: tm 8, tn 4");
+        for (f, v, want) in [("tm", t.tm, 8), ("tn", t.tn, 4)] {
+            if v != want {
+                return bad(f, "one warp per 32 x 32 output tile: tm 8, tn 4");
+            }
         }
-        if !t.block_m.is_multiple_of(32) || !t.bn.is_multiple_of(32) {
-            return bad("block_m", "block_m and bn must be multiples of 32 (whole warp tiles)");
+        for (f, v) in [("block_m", t.block_m), ("bn", t.bn)] {
+            if !v.is_multiple_of(32) {
+                return bad(f, "block_m and bn must be multiples of 32 (whole warp tiles)");
+            }
         }
         if !matches!(t.block_k, BlockK::Fixed(k) if k.is_multiple_of(16)) {
             return bad("block_k", "a number, a multiple of 16 (whole m16n8k16 steps)");
@@ -626,8 +644,8 @@ impl Specs {
         targets.iter().copied().filter(|a| tile_archs.is_none_or(|t| t.contains(a))).collect()
     }
 
-    /// One default per (stage, dtype, Cf, GPU): with two, the winner would
-    /// be whichever the table met first.
+    /// One default per (stage, dtype, Cf, GPU, precision): with two, the
+    /// winner would be whichever the table met first.
     fn validate_defaults(&self) -> Result<(), SpecError> {
         let d = &self.tiles.defaults;
         let gpu_of = |x: &DefaultSpec| x.gpu.as_deref().map(str::to_ascii_lowercase);
@@ -638,6 +656,10 @@ impl Specs {
             let key = (x.stage, x.dtype, x.cf, gpu_of(x), x.precision);
             if let Some(j) = d[..i].iter().position(|y| (y.stage, y.dtype, y.cf, gpu_of(y), y.precision) == key) {
                 let on = x.gpu.as_deref().map_or(String::new(), |g| format!(" on GPU {g}"));
+                let on = match x.precision {
+                    Precision::Exact => on,
+                    p => format!("{on} in the {p} mode"),
+                };
                 return Err(self.invalid(
                     "tiles.yaml",
                     format!("defaults[{i}]"),
