@@ -336,9 +336,10 @@ impl<'t> Dispatch<'t> {
         Ok(())
     }
 
-    /// Cf values that have at least one accepted entry for `dtype`.
+    /// Cf values that have at least one accepted exact entry for `dtype`.
     pub fn cfs(&self, dtype: Dtype) -> Vec<u32> {
-        let set: BTreeSet<u32> = self.here().filter(|e| e.dtype == dtype && e.accepted).map(|e| e.cf).collect();
+        let exact = |e: &&KernelEntry| e.dtype == dtype && e.accepted && e.geometry.precision() == Precision::Exact;
+        let set: BTreeSet<u32> = self.here().filter(exact).map(|e| e.cf).collect();
         set.into_iter().collect()
     }
 
