@@ -679,20 +679,25 @@ __device__ __forceinline__ void store_acc_regs(T (&acc)[TM][TN], int ty, int tx,
   zero_acc(acc);
 }
 
-// The A operand (SurfaceA, stages.cuh) gives a.row(e), the cp.async source
-// of row e at k = 0, rows a.stride() elements apart.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
-          typename AOp, typename Epi>
-__device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
-                                            Epi epi) {
-  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
-  constexpr int AK = BK + W;  // padded row of the row-major A chunk
-  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
+// The persistent walk and ring of the one-segment stages, for any core:
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... (column blocks fastest),
+// their K chunks through one cp.async ring of STAGES slots that never
+// drains (the next tile's first chunks land while this one finishes), A
+// row-major (rows AK apart) and B k-major (rows BP apart) in each slot.
+// start() runs once the ring is primed, chunk(as, bs) on each chunk once it
+// is in, store(e0, n0) at the end of each tile. The A operand (SurfaceA, stages.cuh) gives a.row(e), the cp.async
+// source of row e at k = 0, rows a.stride() elements apart.
+template <typename T, int BM, int BN, int BK, int STAGES, int THREADS, int AK, int BP, int SMEM_A, int SMEM_B,
+          typename AOp, typename Start, typename Chunk, typename Store>
+__device__ __forceinline__ void stream_walk(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Start start,
+                                            Chunk chunk, Store store) {
+  constexpr int W = Vec<T>::W;
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BP;
   static_assert(STAGES >= 2, "a ring of at least two chunks");
-  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
+  static_assert(BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
   T* As = smem_at<T>(SMEM_A);
   T* Bs = smem_at<T>(SMEM_B);
-  const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+  const int tid = threadIdx.x;
   const int ntn = (N + BN - 1) / BN;
   const i64 tiles = (E + BM - 1) / BM * ntn;
   if ((i64)blockIdx.x >= tiles) return;  // whole block: no barrier is skipped
@@ -709,7 +714,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
   i64 lq = 0;
   // Offsets within a chunk are ints (a K x N weight block, BM rows of A):
   // one 64-bit address per chunk, not one per copy.
-  const ChunkCopy<T, BK, BN / W, THREADS, BN> copy_b(tid);
+  const ChunkCopy<T, BK, BN / W, THREADS, BP> copy_b(tid);
   const ChunkCopy<T, BM, BK / W, THREADS, AK> copy_a(tid);
   const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
   const int stride = a.stride();
@@ -730,9 +735,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
   };
 
   prime_ring<STAGES>(lq, nq, load_next);
-  T acc[TM][TN];
-  zero_acc(acc);
-
+  start();
   int ckt = 0, cst = 0;
   for (i64 q = 0; q < nq; ++q) {
     cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
@@ -741,15 +744,32 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
     __syncthreads();  // chunk q is in; everyone is done with chunk q-1's slot
     if (lq < nq) load_next();
     cp_async_commit();
-    mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
+    chunk(as, Bs + cst * B_STAGE);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
-      store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.n * BN, E, N, 0, epi);
+      store(e0, cw.n * BN);
       ckt = 0;
       cw.step(dm, dn, ntn);
     }
   }
   cp_async_wait<0>();
+}
+
+// The exact core on stream_walk (PIPE == 2): thread (ty, tx) owns TM x TN
+// outputs (mma_stream's layout); the epilogue leaves from registers.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
+          typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
+                                            Epi epi) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
+  constexpr int AK = BK + W;  // padded row of the row-major A chunk
+  static_assert(TN % W == 0, "whole 16-byte vectors");
+  const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+  T acc[TM][TN];
+  stream_walk<T, BM, BN, BK, STAGES, THREADS, AK, BN, SMEM_A, SMEM_B>(
+      E, K, N, B, a, [&] { zero_acc(acc); },
+      [&](const T* as, const T* bs) { mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, bs, ty, tx); },
+      [&](i64 e0, int n0) { store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, n0, E, N, 0, epi); });
 }
 
 // ---------------------------------------------------------------------------
@@ -1239,73 +1259,29 @@ __device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int
 }
 }  // namespace x3
 
-// C = epi(A @ B) by the fp16x3 core over gemm_stream's walk: persistent
-// blocks, one cp.async ring of STAGES f32 chunks (A row-major, B k-major,
-// at x3's pitches) that never drains between tiles. tm 8 x tn 4 per thread:
-// (BM / 32) x (BN / 32) warps.
+// C = epi(A @ B) by the fp16x3 core on stream_walk (gemm_stream's walk and
+// ring, at x3's pitches): (BM / 32) x (BN / 32) warps, each a 32 x 32 tile
+// (tm 8 x tn 4 per thread).
 template <int BM, int BN, int BK, int STAGES, int SMEM_A, int SMEM_B, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
   constexpr int THREADS = BM * BN / 32, AK = x3::a_pitch(BK), BP = x3::b_pitch(BN);
-  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BP;
   static_assert(BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0, "whole warp tiles and m16n8k16 steps");
-  static_assert(SMEM_B >= SMEM_A + STAGES * A_STAGE * 4 || SMEM_A >= SMEM_B + STAGES * B_STAGE * 4,
+  static_assert(SMEM_B >= SMEM_A + STAGES * BM * AK * 4 || SMEM_A >= SMEM_B + STAGES * BK * BP * 4,
                 "the A and B rings overlap: layout.rs and x3's pitches disagree");
-  static_assert(STAGES >= 2, "a ring of at least two chunks");
-  float* As = smem_at<float>(SMEM_A);
-  float* Bs = smem_at<float>(SMEM_B);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wm = warp / (BN / 32), wn = warp % (BN / 32);
-  const int ntn = (N + BN - 1) / BN;
-  const i64 tiles = (E + BM - 1) / BM * ntn;
-  if ((i64)blockIdx.x >= tiles) return;  // whole block: no barrier is skipped
-  const int KT = K / BK;
-  const i64 nq = ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * KT;
-  const i64 dm = gridDim.x / ntn;
-  const int dn = gridDim.x % ntn;
-  const TileWalk first{(i64)(blockIdx.x / ntn), (int)(blockIdx.x % ntn)};
-  TileWalk lw = first, cw = first;
-  int lkt = 0, lst = 0;
-  i64 lq = 0;
-  const ChunkCopy<float, BK, BN / 4, THREADS, BP> copy_b(tid);
-  const ChunkCopy<float, BM, BK / 4, THREADS, AK> copy_a(tid);
-  const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
-  const int stride = a.stride();
-  auto load_next = [&]() {
-    const i64 e0 = lw.m * BM;
-    const int n0 = lw.n * BN, k0 = lkt * BK;
-    copy_b.copy(bs0 + lst * B_STAGE * 4, B + k0 * N + n0, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
-    const int rows = E - e0 < BM ? (int)(E - e0) : BM;
-    copy_a.copy(as0 + lst * A_STAGE * 4, a.row(e0) + k0, stride, rows == BM, [&](int m, int) { return m < rows; });
-    if (++lkt == KT) {
-      lkt = 0;
-      lw.step(dm, dn, ntn);
-    }
-    lst = lst + 1 == STAGES ? 0 : lst + 1;
-    ++lq;
-  };
-  prime_ring<STAGES>(lq, nq, load_next);
   float acc[2][4][4];
+  auto zero = [&] {
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
-  int ckt = 0, cst = 0;
-  for (i64 q = 0; q < nq; ++q) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // chunk q is in; everyone is done with chunk q-1's slot
-    if (lq < nq) load_next();
-    cp_async_commit();
-    x3::chunk<BK, AK, BP>(acc, As + cst * A_STAGE, Bs + cst * B_STAGE, wm, wn, lane);
-    cst = cst + 1 == STAGES ? 0 : cst + 1;
-    if (++ckt == KT) {
-      x3::store(acc, wm, wn, lane, cw.m * BM, cw.n * BN, E, N, epi);
-      ckt = 0;
-      cw.step(dm, dn, ntn);
-    }
-  }
-  cp_async_wait<0>();
+        for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+  };
+  stream_walk<float, BM, BN, BK, STAGES, THREADS, AK, BP, SMEM_A, SMEM_B>(
+      E, K, N, B, a, zero, [&](const float* as, const float* bs) { x3::chunk<BK, AK, BP>(acc, as, bs, wm, wn, lane); },
+      [&](i64 e0, int n0) { x3::store(acc, wm, wn, lane, e0, n0, E, N, epi); });
 }
 
 // The one-segment stages' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->

@@ -248,15 +248,11 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub const ALL: [Precision; 2] = [Precision::Exact, Precision::Fp16x3];
     pub fn as_str(self) -> &'static str {
         match self {
             Precision::Exact => "exact",
             Precision::Fp16x3 => "fp16x3",
         }
-    }
-    pub fn parse(s: &str) -> Option<Precision> {
-        Precision::ALL.into_iter().find(|p| p.as_str() == s)
     }
     /// The value of the kernels' PREC template argument.
     pub fn code(self) -> u32 {
