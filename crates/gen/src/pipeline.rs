@@ -139,7 +139,7 @@ pub fn check_defaults(specs: &Specs, exp: &Expansion) -> Result<(), SpecError> {
                 return Err(specs.invalid(
                     "tiles.yaml",
                     format!("defaults[{i}].precision"),
-                    format!("{name} is a {p} tile; its default must say `precision: {p}` (here: {})", d.precision),
+                    format!("{name} is an {p} tile; its default must say `precision: {p}` (here: {})", d.precision),
                 ));
             }
         }
