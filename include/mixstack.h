@@ -63,8 +63,9 @@ extern "C" {
 
 /* Version of this ABI; mixstack_abi_version() returns it. 2 added stacks that borrow
  * their weights (mixstack_stack_create_borrowing, mixstack_forward_w,
- * mixstack_backward_w) and mixstack_supports; version 1's functions are unchanged. */
-#define MIXSTACK_ABI_VERSION 2
+ * mixstack_backward_w) and mixstack_supports; 3 added the precision mode
+ * (mixstack_set_precision, mixstack_last_precision). Earlier functions are unchanged. */
+#define MIXSTACK_ABI_VERSION 3
 
 /* Status codes. */
 typedef enum mixstack_status {
@@ -78,7 +79,8 @@ typedef enum mixstack_status {
     MIXSTACK_ERR_INTERNAL = 7,     /* a bug (caught panic, inconsistent kernel table) */
     MIXSTACK_ERR_BAD_ARGUMENT = 8, /* other invalid argument: path code, device, overlapping outputs,
                                       pointer not memory of the stack's device, stream of another
-                                      context, malformed MIXSTACK_STACK_BWD_FUSED */
+                                      context, malformed MIXSTACK_STACK_BWD_FUSED or
+                                      MIXSTACK_PRECISION, weights outside the mode's range */
     MIXSTACK_ERR_INVALID_HANDLE = 9 /* a non-NULL handle that is not live: destroyed already, or not
                                        returned by a mixstack_stack_create* call (nothing is read through it) */
 } mixstack_status;
@@ -93,6 +95,15 @@ typedef enum mixstack_status {
 #define MIXSTACK_PATH_AUTO 0
 #define MIXSTACK_PATH_RELAY 1
 #define MIXSTACK_PATH_FUSED 2
+
+/* Precision codes: the arithmetic of the block GEMMs (docs/PRECISION.md). AUTO reads
+ * MIXSTACK_PRECISION at each call (exact or fp16x3; unset or empty: exact). FP16X3 runs
+ * the GEMMs as three fp16 tensor-core products per step (f32 stacks, sm_90 builds);
+ * the pointwise math stays exact. A mode the build cannot serve for the stack is
+ * MIXSTACK_ERR_UNSUPPORTED, never another mode in its place. */
+#define MIXSTACK_PRECISION_AUTO 0
+#define MIXSTACK_PRECISION_EXACT 1
+#define MIXSTACK_PRECISION_FP16X3 2
 
 /* Opaque handle: one stack (shape, weights, kernels) on one device. A token checked
  * against the registry of live handles, never dereferenced by the caller or the library. */
@@ -149,6 +160,13 @@ int mixstack_backward_w(mixstack_stack* stack, int64_t e, const void* grad_out, 
 /* Path taken by the handle's last backward call: *path = 1 relay, 2 fused, 0 none yet;
  * the reason is copied NUL-terminated into reason (truncated to reason_len; may be NULL). */
 int mixstack_last_path(const mixstack_stack* stack, int* path, char* reason, size_t reason_len);
+
+/* The precision of the handle's calls from now on (default MIXSTACK_PRECISION_AUTO). */
+int mixstack_set_precision(mixstack_stack* stack, int precision);
+
+/* The mode the handle's last forward and last backward ran: *forward, *backward = 1 exact,
+ * 2 fp16x3, 0 none yet. */
+int mixstack_last_precision(const mixstack_stack* stack, int* forward, int* backward);
 
 /* Every forward/backward call takes its scratch from the stack's own memory pool, which
  * keeps what a call freed mapped for the next call (as PyTorch's caching allocator does;

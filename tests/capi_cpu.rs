@@ -444,6 +444,8 @@ fn header_prototypes_match_the_brief() {
         "const char* mixstack_last_error(void);",
         "void mixstack_stack_destroy(mixstack_stack* stack);",
         "int mixstack_abi_version(void);",
+        "int mixstack_set_precision(mixstack_stack* stack, int precision);",
+        "int mixstack_last_precision(const mixstack_stack* stack, int* forward, int* backward);",
         "typedef struct mixstack_stack mixstack_stack;",
     ] {
         assert!(code.contains(proto), "include/mixstack.h lacks `{proto}`");
@@ -522,6 +524,14 @@ fn assert_every_entry_point_refuses(h: *mut mixstack_stack) {
     check(rc, "mixstack_last_path");
     assert_eq!(path, 77, "a refused last_path writes no path");
     assert!(buf.iter().all(|&c| c == 0x55), "a refused last_path writes no reason");
+    for code in [MIXSTACK_PRECISION_AUTO, MIXSTACK_PRECISION_FP16X3, 99] {
+        let rc = unsafe { mixstack_set_precision(h, code) };
+        check(rc, "mixstack_set_precision");
+    }
+    let (mut fwd, mut bwd): (c_int, c_int) = (77, 77);
+    let rc = unsafe { mixstack_last_precision(h, &mut fwd, &mut bwd) };
+    check(rc, "mixstack_last_precision");
+    assert_eq!((fwd, bwd), (77, 77), "a refused last_precision writes nothing");
     let rc = unsafe { mixstack_release_cached_memory(h) };
     check(rc, "mixstack_release_cached_memory");
     // destroy returns nothing: it must free nothing and record the error
@@ -814,4 +824,23 @@ fn gpu_destroy_racing_calls_on_another_thread_stays_safe() {
         println!("round {round}: {ok} forwards before the destroy, {refused} refused after");
         assert_every_entry_point_refuses(h as *mut mixstack_stack);
     }
+}
+
+/// The precision codes are the header's, and a NULL handle or out-pointer is
+/// refused by name before anything is read.
+#[test]
+fn precision_codes_and_null_arguments() {
+    for (name, v) in [
+        ("MIXSTACK_PRECISION_AUTO", MIXSTACK_PRECISION_AUTO),
+        ("MIXSTACK_PRECISION_EXACT", MIXSTACK_PRECISION_EXACT),
+        ("MIXSTACK_PRECISION_FP16X3", MIXSTACK_PRECISION_FP16X3),
+    ] {
+        assert!(HEADER.contains(&format!("#define {name} {v}")), "the header defines {name} {v}");
+    }
+    let rc = unsafe { mixstack_set_precision(null_mut(), MIXSTACK_PRECISION_EXACT) };
+    assert_fails(rc, mixstack_status::MIXSTACK_ERR_NULL_POINTER, &last_error(), &["mixstack_set_precision"]);
+    let (mut fwd, mut bwd): (c_int, c_int) = (77, 77);
+    let rc = unsafe { mixstack_last_precision(null(), &mut fwd, &mut bwd) };
+    assert_fails(rc, mixstack_status::MIXSTACK_ERR_NULL_POINTER, &last_error(), &["mixstack_last_precision"]);
+    assert_eq!((fwd, bwd), (77, 77));
 }

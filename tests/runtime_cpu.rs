@@ -2,10 +2,12 @@
 //! hand-built tables, launch geometry, shape arithmetic.
 
 use mixstack::runtime::dispatch::{
-    decide_backward_path, dispatch_report, select_kernel, Dispatch, Path, Reason, TileOverride, FUSED_CF_LIMIT,
+    decide_backward_path, dispatch_report, forward_stages, relay_stages, select_kernel, Dispatch, Path, Reason,
+    TileOverride, FUSED_CF_LIMIT,
 };
 use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::launch::launch_config;
+use mixstack::runtime::precision::{parse_precision, PrecisionMode, PRECISION_ENV};
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
 use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
@@ -506,22 +508,25 @@ fn builtin_choice_is_the_builds_dispatch_table() {
     assert!(!m.dispatch.is_empty());
     assert_eq!(m.archs, table::ARCHS);
     let none = TileOverride::new();
-    // Each row names an instance of its own mode; the runtime serves the
-    // exact mode (so far), whose rows it must reproduce.
+    // Each row names an instance of its own mode, and the runtime in that
+    // mode reproduces it.
     for r in &m.dispatch {
         let e = table::KERNELS.iter().find(|e| e.name == r.instance && e.arch == r.arch).unwrap();
         assert_eq!(e.geometry.precision(), r.precision, "{}", r.instance);
     }
     assert!(m.dispatch.iter().any(|r| r.precision == Precision::Fp16x3));
-    for r in m.dispatch.iter().filter(|r| r.precision == Precision::Exact) {
-        let d = Dispatch::builtin().with_arch(r.arch).with_smem_limit(Some(r.arch.max_smem() as u64));
+    for r in &m.dispatch {
+        let d = Dispatch::builtin()
+            .with_arch(r.arch)
+            .with_smem_limit(Some(r.arch.max_smem() as u64))
+            .with_precision(r.precision);
         let got = d.select(r.stage, r.dtype, r.cf, r.lmax, &none).unwrap();
         let key = format!("{} {} {} cf {} lmax {}", r.arch, r.stage, r.dtype, r.cf, r.lmax);
         assert_eq!(got.name, r.instance, "{key}");
         assert_eq!(got.arch, r.arch, "{key}");
         assert!(got.accepted);
         // and without a limit set, the arch's applies
-        let d = Dispatch::builtin().with_arch(r.arch);
+        let d = Dispatch::builtin().with_arch(r.arch).with_precision(r.precision);
         assert_eq!(d.default_for(r.stage, r.dtype, r.cf, r.lmax).unwrap().name, r.instance, "{key}");
     }
     // Every arch has rows, and only the fused stage may lack them on one.
@@ -926,4 +931,100 @@ fn fp16x3_entries_are_never_dispatched_in_the_exact_mode() {
             other => panic!("{}: {other:?}", e.name),
         }
     }
+}
+
+// ----------------------------------------------------------------------
+// the precision mode (issue 20)
+// ----------------------------------------------------------------------
+
+#[test]
+fn precision_spellings() {
+    assert_eq!(parse_precision(None).unwrap(), Precision::Exact, "unset is exact");
+    for v in ["", "  ", "exact", "EXACT", " Exact\n"] {
+        assert_eq!(parse_precision(Some(v)).unwrap(), Precision::Exact, "{v:?}");
+    }
+    for v in ["fp16x3", "FP16X3", " Fp16x3 "] {
+        assert_eq!(parse_precision(Some(v)).unwrap(), Precision::Fp16x3, "{v:?}");
+    }
+    for v in ["fp16", "x3", "tf32", "bf16x3", "1", "fp16x3x", "exact fp16x3"] {
+        match parse_precision(Some(v)) {
+            Err(MixError::InvalidSwitch { variable, value, allowed }) => {
+                assert_eq!((variable, value.as_str()), (PRECISION_ENV, v));
+                assert!(allowed.contains("exact") && allowed.contains("fp16x3"), "{allowed}");
+            }
+            other => panic!("{v:?}: expected InvalidSwitch, got {other:?}"),
+        }
+    }
+    assert_eq!(PrecisionMode::default(), PrecisionMode::FromEnv);
+}
+
+#[test]
+fn precision_from_env_reads_at_each_call() {
+    // The only test of this binary that touches the variable.
+    std::env::set_var(PRECISION_ENV, "fp16x3");
+    assert_eq!(PrecisionMode::FromEnv.resolve().unwrap(), Precision::Fp16x3);
+    assert_eq!(PrecisionMode::Set(Precision::Exact).resolve().unwrap(), Precision::Exact, "Set ignores it");
+    std::env::set_var(PRECISION_ENV, "nope");
+    assert!(matches!(PrecisionMode::FromEnv.resolve(), Err(MixError::InvalidSwitch { .. })));
+    std::env::remove_var(PRECISION_ENV);
+    assert_eq!(PrecisionMode::FromEnv.resolve().unwrap(), Precision::Exact);
+}
+
+/// In fp16x3 the GEMM stages take that mode's kernels and the row stages
+/// exact ones; the fused backward falls back to the relay saying why; a
+/// mode without kernels for the call is a typed error; an override of the
+/// other mode's kernel is refused.
+#[test]
+fn fp16x3_mode_dispatch() {
+    let (cf, lmax) = (32u32, 3u32);
+    let exact = Dispatch::builtin().with_arch(Arch::Sm90);
+    let x3 = exact.with_precision(Precision::Fp16x3);
+    assert_eq!(x3.precision(), Precision::Fp16x3);
+    x3.check_precision(Dtype::F32, cf).unwrap();
+    let none = TileOverride::new();
+    let mut gemm_stages = 0;
+    for stage in forward_stages().into_iter().chain(relay_stages()) {
+        let Ok(e) = x3.select(stage, Dtype::F32, cf, lmax, &none) else { continue };
+        match e.geometry {
+            Geometry::Gemm { .. } => {
+                gemm_stages += 1;
+                assert_eq!(e.geometry.precision(), Precision::Fp16x3, "{stage}: {}", e.name);
+                assert!(e.name.ends_with("_x3"), "{}", e.name);
+                // the exact dispatch of the same key picks an exact kernel
+                let ex = exact.select(stage, Dtype::F32, cf, lmax, &none).unwrap();
+                assert_eq!(ex.geometry.precision(), Precision::Exact, "{}", ex.name);
+                // and in fp16x3 an override naming it is refused, saying why
+                match x3.select(stage, Dtype::F32, cf, lmax, &TileOverride::new().with(stage, ex.name)) {
+                    Err(MixError::BadOverride { why, .. }) => {
+                        assert!(why.contains("is an exact kernel") && why.contains("fp16x3"), "{why}")
+                    }
+                    other => panic!("{stage}: {other:?}"),
+                }
+            }
+            Geometry::Rows { .. } => {
+                assert_eq!(e.geometry.precision(), Precision::Exact, "{stage}: {}", e.name);
+                assert_eq!(e.name, exact.select(stage, Dtype::F32, cf, lmax, &none).unwrap().name, "{stage}");
+            }
+        }
+    }
+    assert!(gemm_stages >= 4, "fwd_m0, fwd_m1, fwd_final, bwd_final, bwd_gemm run in the mode");
+    let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, true);
+    assert_eq!((d.path, d.reason, d.precision), (Path::Relay, Reason::Precision(Precision::Fp16x3), Precision::Fp16x3));
+    assert!(d.to_string().starts_with("relay in fp16x3 ("), "{d}");
+    let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, false);
+    assert_eq!((d.reason, d.precision), (Reason::NotRequested, Precision::Fp16x3));
+    assert_eq!(exact.decide_backward_path_at(Dtype::F32, cf, lmax, true).precision, Precision::Exact);
+    // what the mode does not serve: f64, and an arch without its kernels
+    match x3.check_precision(Dtype::F64, cf) {
+        Err(MixError::UnsupportedPrecision { precision, dtype, why, .. }) => {
+            assert_eq!((precision, dtype), (Precision::Fp16x3, Dtype::F64));
+            assert!(why.contains("f32 only"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    match x3.with_arch(Arch::Sm80).check_precision(Dtype::F32, cf) {
+        Err(e @ MixError::UnsupportedPrecision { .. }) => assert!(e.to_string().contains("sm_90 only"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    exact.with_arch(Arch::Sm80).check_precision(Dtype::F64, cf).unwrap();
 }

@@ -11,12 +11,16 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUcontext, CUdeviceptr, CUpointer_attribute, CUresult, CUstream};
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::status::{fail, mixstack_status::*, Fail, MIXSTACK_PATH_AUTO, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY};
+use super::status::{
+    fail, mixstack_status::*, Fail, MIXSTACK_PATH_AUTO, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY,
+    MIXSTACK_PRECISION_AUTO, MIXSTACK_PRECISION_EXACT, MIXSTACK_PRECISION_FP16X3,
+};
 use crate::runtime::dispatch::Dispatch;
 use crate::runtime::error::MixError;
 use crate::runtime::stack::validate_shape;
 use crate::runtime::{
-    BackwardPtrs, BackwardWeights, Checked, Element, ForwardPtrs, ForwardWeights, FusedMode, StackShape,
+    BackwardPtrs, BackwardWeights, Checked, Element, ForwardPtrs, ForwardWeights, FusedMode, Precision, PrecisionMode,
+    StackShape,
 };
 
 // ----------------------------------------------------------------------
@@ -43,6 +47,27 @@ pub(super) fn path_mode(path: c_int) -> Result<FusedMode, Fail> {
             MIXSTACK_ERR_BAD_ARGUMENT,
             format!("unknown path code {p}: 0 (auto, MIXSTACK_STACK_BWD_FUSED), 1 (relay) or 2 (fused)"),
         )),
+    }
+}
+
+/// A precision code of `mixstack_set_precision`.
+pub(super) fn precision_mode(code: c_int) -> Result<PrecisionMode, Fail> {
+    match code {
+        MIXSTACK_PRECISION_AUTO => Ok(PrecisionMode::FromEnv),
+        MIXSTACK_PRECISION_EXACT => Ok(PrecisionMode::Set(Precision::Exact)),
+        MIXSTACK_PRECISION_FP16X3 => Ok(PrecisionMode::Set(Precision::Fp16x3)),
+        p => Err(fail(
+            MIXSTACK_ERR_BAD_ARGUMENT,
+            format!("unknown precision code {p}: 0 (auto, MIXSTACK_PRECISION), 1 (exact) or 2 (fp16x3)"),
+        )),
+    }
+}
+
+/// The code of a mode that ran (`mixstack_last_precision`).
+pub(super) fn precision_code(p: Precision) -> c_int {
+    match p {
+        Precision::Exact => MIXSTACK_PRECISION_EXACT,
+        Precision::Fp16x3 => MIXSTACK_PRECISION_FP16X3,
     }
 }
 

@@ -5,17 +5,21 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::catch_unwind;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::result;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::checks::{call_stream, check_device_memory, dim, dptr, edges, path_mode, Tensor, Valid, ValidWeights};
+use super::checks::{
+    call_stream, check_device_memory, dim, dptr, edges, path_mode, precision_code, precision_mode, Tensor, Valid,
+    ValidWeights,
+};
 use super::handle::{handle, mixstack_stack, register, unregister, CurrentContext, Inner, StackState};
 use super::status::{
     boundary, fail, last_error_ptr, mixstack_status::*, Fail, MIXSTACK_ABI_VERSION, MIXSTACK_DTYPE_F32,
-    MIXSTACK_DTYPE_F64, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY,
+    MIXSTACK_DTYPE_F64, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY, MIXSTACK_PRECISION_AUTO,
 };
 use crate::runtime::device::{driver_present, open_device};
 use crate::runtime::dispatch::Dispatch;
@@ -23,7 +27,8 @@ use crate::runtime::dispatch::Path;
 use crate::runtime::error::MixError;
 use crate::runtime::stack::validate_shape;
 use crate::runtime::{
-    BackwardOptions, BackwardPtrs, BackwardWeights, Element, ForwardPtrs, ForwardWeights, FusedMode, Stack, StackShape,
+    BackwardOptions, BackwardPtrs, BackwardWeights, Element, ForwardOptions, ForwardPtrs, ForwardWeights, FusedMode,
+    Stack, StackShape,
 };
 
 // ----------------------------------------------------------------------
@@ -110,7 +115,7 @@ fn create_typed<T: Element>(
     // on the caller's stream: they are freed at destroy, when the caller's
     // stream may be gone. `Stack::new` waits for the upload.
     let stack = Stack::<T>::new(&ctx.default_stream(), sh, &w0, &w1, &gw)?;
-    Ok(StackState { inner: wrap(stack), ctx, device, shape: sh })
+    Ok(StackState { inner: wrap(stack), ctx, device, shape: sh, precision: AtomicI32::new(MIXSTACK_PRECISION_AUTO) })
 }
 
 /// See `mixstack_stack_create` in include/mixstack.h.
@@ -154,7 +159,7 @@ fn create_borrowing_typed<T: Element>(
     validate_shape::<T>(&Dispatch::builtin(), &sh)?;
     let (_restore, ctx) = bind_device(device)?;
     let stack = Stack::<T>::borrowing(&ctx.default_stream(), sh)?;
-    Ok(StackState { inner: wrap(stack), ctx, device, shape: sh })
+    Ok(StackState { inner: wrap(stack), ctx, device, shape: sh, precision: AtomicI32::new(MIXSTACK_PRECISION_AUTO) })
 }
 
 /// See `mixstack_stack_create_borrowing` in include/mixstack.h.
@@ -245,6 +250,7 @@ fn forward_typed<T: Element>(
     cu_stream: *mut c_void,
 ) -> Result<(), Fail> {
     let (e, aa) = (call.e, call.apply_alpha);
+    let opts = ForwardOptions { precision: precision_mode(s.precision.load(Ordering::Relaxed))?, ..Default::default() };
     // SAFETY (both arms): `v` holds non-null, aligned pointers, outputs
     // disjoint from every input; `enter` found them memory of the stack's
     // device; sizes are the header's contract.
@@ -252,12 +258,12 @@ fn forward_typed<T: Element>(
         None => {
             let v = Valid::<T, _>::forward(s.shape, e, call.ptrs)?;
             let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
-            unsafe { st.forward_raw(&stream, &v.call, aa) }?;
+            unsafe { st.forward_raw(&stream, &v.call, aa, &opts) }?;
         }
         Some(w) => {
             let v = Valid::<T, _>::forward_with(s.shape, e, call.ptrs, w)?;
             let (_restore, stream) = enter(s, cu_stream, &v.tensors)?;
-            unsafe { st.forward_raw_with(&stream, &v.call, aa) }?;
+            unsafe { st.forward_raw_with(&stream, &v.call, aa, &opts) }?;
         }
     }
     Ok(())
@@ -271,7 +277,8 @@ fn backward_typed<T: Element>(
     cu_stream: *mut c_void,
 ) -> Result<(), Fail> {
     let (e, aa) = (call.e, call.apply_alpha);
-    let opts = BackwardOptions { fused: call.fused, ..BackwardOptions::default() };
+    let precision = precision_mode(s.precision.load(Ordering::Relaxed))?;
+    let opts = BackwardOptions { fused: call.fused, precision, ..BackwardOptions::default() };
     // SAFETY (both arms): as in forward_typed.
     match call.weights {
         None => {
@@ -486,6 +493,45 @@ pub unsafe extern "C" fn mixstack_last_path(
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), reason as *mut u8, n);
                 *reason.add(n) = 0;
             }
+        }
+        Ok(())
+    })
+}
+
+/// See `mixstack_set_precision` in include/mixstack.h.
+#[no_mangle]
+pub unsafe extern "C" fn mixstack_set_precision(stack: *mut mixstack_stack, precision: c_int) -> c_int {
+    boundary("mixstack_set_precision", || {
+        let s = handle(stack)?;
+        precision_mode(precision)?;
+        s.precision.store(precision, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// See `mixstack_last_precision` in include/mixstack.h.
+#[no_mangle]
+pub unsafe extern "C" fn mixstack_last_precision(
+    stack: *const mixstack_stack,
+    forward: *mut c_int,
+    backward: *mut c_int,
+) -> c_int {
+    boundary("mixstack_last_precision", || {
+        let s = handle(stack)?;
+        if forward.is_null() || backward.is_null() {
+            return Err(fail(
+                MIXSTACK_ERR_NULL_POINTER,
+                "`forward` or `backward` (where the codes are stored) is null",
+            ));
+        }
+        let (f, b) = match &s.inner {
+            Inner::F32(st) => (st.last_forward_precision(), st.last_path().map(|d| d.precision)),
+            Inner::F64(st) => (st.last_forward_precision(), st.last_path().map(|d| d.precision)),
+        };
+        // SAFETY: non-null, writable (caller contract).
+        unsafe {
+            *forward = f.map_or(0, precision_code);
+            *backward = b.map_or(0, precision_code);
         }
         Ok(())
     })

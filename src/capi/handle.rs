@@ -24,6 +24,7 @@
 //! the handle is refused.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicI32;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::result;
@@ -55,6 +56,8 @@ pub(super) struct StackState {
     pub(super) ctx: Arc<CudaContext>,
     pub(super) device: usize,
     pub(super) shape: StackShape,
+    /// `mixstack_set_precision`'s code (default auto: the environment).
+    pub(super) precision: AtomicI32,
 }
 
 // The stack is used from any thread (PyTorch runs backward on its own).

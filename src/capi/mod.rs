@@ -14,7 +14,8 @@
 //!   null pointer where data is needed (E > 0), a shape outside the build, a
 //!   pointer not aligned to the element size, an unknown dtype or path code,
 //!   outputs that overlap another tensor, a pointer the driver does not know
-//!   as memory of the stack's device, a stream of another context. Each
+//!   as memory of the stack's device, a stream of another context, an
+//!   unknown precision code. Each
 //!   check runs once: a call's tensors are checked into one validated value
 //!   (checks.rs), whose null and size checks are the runtime's own
 //!   ([`crate::runtime::Checked`], which the raw entry points take);
@@ -41,10 +42,12 @@ mod status;
 
 pub use entry::{
     mixstack_abi_version, mixstack_backward, mixstack_forward, mixstack_last_error, mixstack_last_path,
-    mixstack_release_cached_memory, mixstack_stack_create, mixstack_stack_destroy,
+    mixstack_last_precision, mixstack_release_cached_memory, mixstack_set_precision, mixstack_stack_create,
+    mixstack_stack_destroy,
 };
 pub use handle::mixstack_stack;
 pub use status::{
     mixstack_status, status_of, MIXSTACK_ABI_VERSION, MIXSTACK_DTYPE_F32, MIXSTACK_DTYPE_F64, MIXSTACK_PATH_AUTO,
-    MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY,
+    MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY, MIXSTACK_PRECISION_AUTO, MIXSTACK_PRECISION_EXACT,
+    MIXSTACK_PRECISION_FP16X3,
 };

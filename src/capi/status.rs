@@ -14,7 +14,7 @@ use crate::runtime::error::MixError;
 /// weights, and calls that pass them (`mixstack_stack_create_borrowing`,
 /// `mixstack_forward_w`, `mixstack_backward_w`) and `mixstack_supports`;
 /// version 1's functions are unchanged.
-pub const MIXSTACK_ABI_VERSION: c_int = 2;
+pub const MIXSTACK_ABI_VERSION: c_int = 3;
 
 /// Status codes of the C functions (`mixstack_status` in the header).
 #[repr(C)]
@@ -91,6 +91,10 @@ pub const MIXSTACK_DTYPE_F64: c_int = 1;
 pub const MIXSTACK_PATH_AUTO: c_int = 0;
 pub const MIXSTACK_PATH_RELAY: c_int = 1;
 pub const MIXSTACK_PATH_FUSED: c_int = 2;
+/// precision codes of `mixstack_set_precision` / `mixstack_last_precision`.
+pub const MIXSTACK_PRECISION_AUTO: c_int = 0;
+pub const MIXSTACK_PRECISION_EXACT: c_int = 1;
+pub const MIXSTACK_PRECISION_FP16X3: c_int = 2;
 
 /// A failed call: its status and message.
 #[derive(Debug)]
@@ -119,9 +123,12 @@ pub fn status_of(e: &MixError) -> mixstack_status {
         | MixError::InvalidSwitch { .. }
         | MixError::ContextMismatch { .. }
         | MixError::ScratchCap { .. }
+        | MixError::WeightRange { .. }
         | MixError::NoWeights => MIXSTACK_ERR_BAD_ARGUMENT,
         MixError::NoDriver { .. } | MixError::Driver { .. } | MixError::Blas { .. } => MIXSTACK_ERR_CUDA,
-        MixError::SharedMemory { .. } | MixError::UnsupportedArch { .. } => MIXSTACK_ERR_UNSUPPORTED,
+        MixError::SharedMemory { .. } | MixError::UnsupportedArch { .. } | MixError::UnsupportedPrecision { .. } => {
+            MIXSTACK_ERR_UNSUPPORTED
+        }
         MixError::TableInconsistent { .. } | MixError::PlanInconsistent { .. } => MIXSTACK_ERR_INTERNAL,
     }
 }

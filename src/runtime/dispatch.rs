@@ -19,7 +19,12 @@
 //!   else the first in table (spec) order; without a limit set, the arch's
 //!   (`Arch::max_smem`), so the choice is the build's;
 //! - a [`TileOverride`] may name, per stage, any candidate of that key;
-//!   naming anything else is an error, never a silent fallback.
+//!   naming anything else is an error, never a silent fallback;
+//! - in a compensated mode ([`Dispatch::with_precision`]) the GEMM stages
+//!   take that mode's entries and the row stages exact ones; a mode with no
+//!   kernels for the call is an error ([`Dispatch::check_precision`]), and
+//!   the fused backward without kernels of the mode falls back to the relay
+//!   ([`Reason::Precision`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -139,6 +144,9 @@ pub enum Reason {
     /// Relay: no accepted streaming fused kernel whose BLOCK_K divides Cf (that fits the
     /// shared-memory limit at this lmax) for this stage.
     NoFusedKernel { stage: Stage, arch: Arch },
+    /// Relay: the fused backward has no kernels of this call's compensated
+    /// mode (the relay runs the call in that mode).
+    Precision(Precision),
 }
 
 impl fmt::Display for Reason {
@@ -151,6 +159,7 @@ impl fmt::Display for Reason {
             Reason::NoFusedKernel { stage, arch } => {
                 write!(f, "no accepted streaming {arch} {stage} kernel with BLOCK_K dividing Cf that fits")
             }
+            Reason::Precision(p) => write!(f, "the fused backward has no {p} kernels; the relay runs {p}"),
         }
     }
 }
@@ -160,11 +169,16 @@ impl fmt::Display for Reason {
 pub struct PathDecision {
     pub path: Path,
     pub reason: Reason,
+    /// The arithmetic of the call's block GEMMs.
+    pub precision: Precision,
 }
 
 impl fmt::Display for PathDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.path, self.reason)
+        match self.precision {
+            Precision::Exact => write!(f, "{} ({})", self.path, self.reason),
+            p => write!(f, "{} in {p} ({})", self.path, self.reason),
+        }
     }
 }
 
@@ -218,6 +232,8 @@ pub struct Dispatch<'t> {
     gpu: Option<&'static str>,
     /// The build arch whose entries this dispatch serves.
     arch: Arch,
+    /// The arithmetic of the GEMM stages' kernels (row stages: exact).
+    precision: Precision,
 }
 
 impl Dispatch<'static> {
@@ -234,11 +250,14 @@ impl Default for Dispatch<'static> {
     }
 }
 
-/// The exact mode's key: the compensated (fp16x3) instances are built and
-/// register-checked, but the runtime does not serve that mode yet (issue
-/// 20), so no exact key ever picks one.
-fn entry_matches(e: &KernelEntry, stage: Stage, dtype: Dtype, cf: u32) -> bool {
-    e.stage == stage && e.dtype == dtype && e.cf == cf && e.geometry.precision() == Precision::Exact
+/// The arithmetic a dispatch in mode `mode` wants of an entry of this
+/// geometry: a compensated mode changes the block GEMMs only; every row
+/// stage (the pointwise operator sequences) stays exact.
+fn wanted_precision(geometry: &Geometry, mode: Precision) -> Precision {
+    match geometry {
+        Geometry::Gemm { .. } => mode,
+        Geometry::Rows { .. } => Precision::Exact,
+    }
 }
 
 /// Whether `e` may be dispatched for its own key: accepted, and for the
@@ -259,7 +278,14 @@ impl<'t> Dispatch<'t> {
     /// the entries have.
     pub fn new(entries: &'t [KernelEntry]) -> Self {
         let arch = entries.iter().map(|e| e.arch).max().unwrap_or(Arch::Sm90);
-        Dispatch { entries, lmax_range: table::LMAX_RANGE, smem_limit: None, gpu: None, arch }
+        Dispatch {
+            entries,
+            lmax_range: table::LMAX_RANGE,
+            smem_limit: None,
+            gpu: None,
+            arch,
+            precision: Precision::Exact,
+        }
     }
     /// The archs the entries are built for, oldest first.
     pub fn archs(&self) -> Vec<Arch> {
@@ -273,6 +299,45 @@ impl<'t> Dispatch<'t> {
     }
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+    /// Serve the GEMM stages in `precision` (default exact); the row stages
+    /// stay exact.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+    /// Whether `e` belongs to the key (stage, dtype, cf) in this mode.
+    fn matches(&self, e: &KernelEntry, stage: Stage, dtype: Dtype, cf: u32) -> bool {
+        e.stage == stage
+            && e.dtype == dtype
+            && e.cf == cf
+            && e.geometry.precision() == wanted_precision(&e.geometry, self.precision)
+    }
+    /// A compensated mode serves (dtype, cf) here only where its kernels
+    /// are built and accepted: otherwise a typed error, never an exact
+    /// kernel in its place. The exact mode always passes.
+    pub fn check_precision(&self, dtype: Dtype, cf: u32) -> Result<(), MixError> {
+        let p = self.precision;
+        if p == Precision::Exact {
+            return Ok(());
+        }
+        let refuse = |why: String| MixError::UnsupportedPrecision { precision: p, dtype, cf, arch: self.arch, why };
+        if dtype != Dtype::F32 {
+            return Err(refuse(format!("the {p} kernels are f32 only")));
+        }
+        let ok = |e: &&KernelEntry| e.dtype == dtype && e.cf == cf && e.accepted && e.geometry.precision() == p;
+        if self.here().any(|e| ok(&e)) {
+            return Ok(());
+        }
+        let archs: BTreeSet<&str> = self.entries.iter().filter(ok).map(|e| e.arch.as_str()).collect();
+        Err(refuse(if archs.is_empty() {
+            format!("no accepted {p} kernel is built for it (tiles.yaml `precision: {p}`)")
+        } else {
+            format!("its {p} kernels are built for {} only", archs.into_iter().collect::<Vec<_>>().join(", "))
+        }))
     }
     /// Serve a device of compute capability `cc` (major * 10 + minor): the
     /// newest built arch not newer than it ([`Arch::serving`]); a device
@@ -346,12 +411,12 @@ impl<'t> Dispatch<'t> {
     /// Accepted, dispatchable entries of a (stage, dtype, cf) key, any lmax,
     /// in table order.
     pub fn candidates(&self, stage: Stage, dtype: Dtype, cf: u32) -> Vec<&'t KernelEntry> {
-        self.here().filter(|e| entry_matches(e, stage, dtype, cf) && dispatchable(e)).collect()
+        self.here().filter(|e| self.matches(e, stage, dtype, cf) && dispatchable(e)).collect()
     }
 
     /// [`Dispatch::candidates`] that also fit the shared-memory limit at `lmax`.
     pub fn candidates_at(&self, stage: Stage, dtype: Dtype, cf: u32, lmax: u32) -> Vec<&'t KernelEntry> {
-        self.here().filter(|e| entry_matches(e, stage, dtype, cf) && dispatchable(e) && self.fits(e, lmax)).collect()
+        self.here().filter(|e| self.matches(e, stage, dtype, cf) && dispatchable(e) && self.fits(e, lmax)).collect()
     }
 
     /// The default choice of a key: the tile precedence rule over its
@@ -426,9 +491,9 @@ impl<'t> Dispatch<'t> {
         if e.cf != cf {
             return Err(bad(format!("is a Cf {} kernel", e.cf)));
         }
-        let precision = e.geometry.precision();
-        if precision != Precision::Exact {
-            return Err(bad(format!("is a {precision} kernel; the runtime serves the exact mode only (so far)")));
+        let (has, want) = (e.geometry.precision(), wanted_precision(&e.geometry, self.precision));
+        if has != want {
+            return Err(bad(format!("is an {has} kernel; this call runs {want}")));
         }
         if !e.accepted {
             return Err(bad(format!(
@@ -527,7 +592,8 @@ impl<'t> Dispatch<'t> {
     }
 
     fn decide(&self, dtype: Dtype, cf: u32, lmax: Option<u32>, requested: bool) -> PathDecision {
-        let relay = |reason| PathDecision { path: Path::Relay, reason };
+        let precision = self.precision;
+        let relay = |reason| PathDecision { path: Path::Relay, reason, precision };
         if !requested {
             return relay(Reason::NotRequested);
         }
@@ -536,6 +602,9 @@ impl<'t> Dispatch<'t> {
         }
         if cf >= FUSED_CF_LIMIT {
             return relay(Reason::CfTooLarge { cf, limit: FUSED_CF_LIMIT });
+        }
+        if precision != Precision::Exact && fused_stages().iter().any(|&s| self.candidates(s, dtype, cf).is_empty()) {
+            return relay(Reason::Precision(precision));
         }
         for stage in fused_stages() {
             let none = match lmax {
@@ -546,7 +615,7 @@ impl<'t> Dispatch<'t> {
                 return relay(Reason::NoFusedKernel { stage, arch: self.arch });
             }
         }
-        PathDecision { path: Path::Fused, reason: Reason::Requested }
+        PathDecision { path: Path::Fused, reason: Reason::Requested, precision }
     }
 
     /// Default dispatch per (stage, dtype, cf) key present in the table and
@@ -556,7 +625,7 @@ impl<'t> Dispatch<'t> {
         let (lo, hi) = self.lmax_range;
         let mut out = Vec::new();
         for (stage, dtype, cf) in keys {
-            let total = self.here().filter(|e| entry_matches(e, stage, dtype, cf)).count();
+            let total = self.here().filter(|e| self.matches(e, stage, dtype, cf)).count();
             for lmax in lo..=hi {
                 out.push(DispatchChoice {
                     stage,

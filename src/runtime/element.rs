@@ -20,14 +20,22 @@ pub trait Element:
     const DTYPE: Dtype;
     /// A quiet NaN (poisoning outputs in tests).
     const NAN: Self;
+    /// The value as f64 (exact for both).
+    fn to_f64(self) -> f64;
 }
 
 impl Element for f32 {
     const DTYPE: Dtype = Dtype::F32;
     const NAN: Self = f32::NAN;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
 }
 
 impl Element for f64 {
     const DTYPE: Dtype = Dtype::F64;
     const NAN: Self = f64::NAN;
+    fn to_f64(self) -> f64 {
+        self
+    }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use cudarc::driver::DriverError;
 
-use super::table::{Dtype, Stage};
+use super::table::{Arch, Dtype, Precision, Stage};
 
 /// Which shape parameter a [`MixError::UnsupportedShape`] is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,6 +64,16 @@ pub enum MixError {
     #[error("the device is sm_{cc} (compute capability {}.{}); this build serves {built} and newer", cc / 10, cc % 10)]
     UnsupportedArch { cc: u32, built: String },
 
+    /// A compensated precision mode the build does not serve for this call
+    /// (dtype, Cf or architecture without kernels of that mode).
+    #[error("the {precision} mode does not serve dtype {dtype}, Cf {cf} on {arch}: {why}")]
+    UnsupportedPrecision { precision: Precision, dtype: Dtype, cf: u32, arch: Arch, why: String },
+
+    /// A weight outside the range a compensated mode keeps its accuracy in
+    /// (docs/PRECISION.md, the range contract).
+    #[error("the {precision} mode needs |{tensor}| <= {limit:e}; the stack's weights reach {max_abs:e}")]
+    WeightRange { precision: Precision, tensor: &'static str, max_abs: f64, limit: f64 },
+
     /// The table has no accepted kernel for this (stage, dtype, cf).
     #[error("no accepted kernel for stage {stage}, dtype {dtype}, Cf {cf}")]
     NoKernel { stage: Stage, dtype: Dtype, cf: u32 },
@@ -73,7 +83,7 @@ pub enum MixError {
     BadOverride { stage: Stage, dtype: Dtype, cf: u32, name: String, why: String },
 
     /// A switch (environment variable) holds an unrecognised value.
-    #[error("{variable} = {value:?} is not a valid switch value; allowed: {allowed}")]
+    #[error("{variable} = {value:?} is not a valid value; allowed: {allowed}")]
     InvalidSwitch { variable: &'static str, value: String, allowed: &'static str },
 
     /// A stream or buffer belongs to another CUDA context than the stack.

@@ -5,6 +5,7 @@
 //! - [`dispatch`]: kernel choice per (stage, dtype, Cf, lmax) and the fused/relay
 //!   decision, pure CPU;
 //! - [`switch`]: the `MIXSTACK_STACK_BWD_FUSED` opt-in switch;
+//! - [`precision`]: the GEMMs' arithmetic per call (`MIXSTACK_PRECISION`);
 //! - [`shape`], [`element`]: the stack's shape and element types;
 //! - [`device`]: opening a device without panicking when there is no driver;
 //! - [`gate_blas`]: the gate contractions as cuBLAS GEMMs at Cf >= 96;
@@ -32,6 +33,7 @@ pub mod gate_blas;
 pub mod launch;
 pub mod memory;
 pub mod plan;
+pub mod precision;
 pub mod shape;
 pub mod stack;
 pub mod switch;
@@ -45,8 +47,11 @@ pub use error::{MixError, ShapeParam};
 pub use gate_blas::{GateBlas, GateGemm, GATE_BLAS_MIN_CF};
 pub use launch::KernelTiming;
 pub use memory::CallMemory;
+pub use precision::{parse_precision, PrecisionMode, PRECISION_ENV};
 pub use shape::StackShape;
 pub use stack::{
-    BackwardOptions, BackwardPtrs, BackwardWeights, CallWeights, Checked, ForwardPtrs, ForwardWeights, Stack,
+    BackwardOptions, BackwardPtrs, BackwardWeights, CallWeights, Checked, ForwardOptions, ForwardPtrs, ForwardWeights,
+    Stack,
 };
 pub use switch::{parse_switch, FusedMode, FUSED_ENV};
+pub use table::Precision;

@@ -23,16 +23,39 @@ use super::gate_blas::{GateBlas, GateGemm};
 use super::launch::{KernelTiming, Kernels};
 use super::memory::{CallMemory, ScratchPool, Tracker};
 use super::plan::{self, BackwardChoice, Machine, Planner};
+use super::precision::PrecisionMode;
 use super::shape::{StackShape, MAX_F};
 use super::switch::FusedMode;
-use super::table::KernelEntry;
+use super::table::{KernelEntry, Precision};
 use super::weights::Weights;
+
+/// Options of one forward call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ForwardOptions {
+    /// The GEMMs' arithmetic (default: read the environment, exact if unset).
+    pub precision: PrecisionMode,
+    /// Per-stage kernel overrides of the forward stages (default: none).
+    pub tiles: TileOverride,
+}
+
+impl ForwardOptions {
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = PrecisionMode::Set(precision);
+        self
+    }
+    pub fn with_tiles(mut self, tiles: TileOverride) -> Self {
+        self.tiles = tiles;
+        self
+    }
+}
 
 /// Options of one backward call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
     /// Whether the fused path is requested (default: read the environment).
     pub fused: FusedMode,
+    /// The GEMMs' arithmetic (default: read the environment, exact if unset).
+    pub precision: PrecisionMode,
     /// Per-stage kernel overrides (default: none).
     pub tiles: TileOverride,
 }
@@ -40,12 +63,16 @@ pub struct BackwardOptions {
 impl BackwardOptions {
     /// Relay, whatever the environment says.
     pub fn relay() -> Self {
-        BackwardOptions { fused: FusedMode::Off, tiles: TileOverride::new() }
+        BackwardOptions { fused: FusedMode::Off, ..Self::default() }
     }
     /// Fused requested, whatever the environment says (falls back to the
     /// relay outside the fused regime).
     pub fn fused() -> Self {
-        BackwardOptions { fused: FusedMode::On, tiles: TileOverride::new() }
+        BackwardOptions { fused: FusedMode::On, ..Self::default() }
+    }
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = PrecisionMode::Set(precision);
+        self
     }
     pub fn with_tiles(mut self, tiles: TileOverride) -> Self {
         self.tiles = tiles;
@@ -257,6 +284,7 @@ pub struct Stack<T: Element> {
     /// Scratch and outputs of every call come from here (kept mapped).
     pool: Option<ScratchPool>,
     last_path: Mutex<Option<PathDecision>>,
+    last_forward_precision: Mutex<Option<Precision>>,
     last_forward: Mutex<Option<CallMemory>>,
     last_backward: Mutex<Option<CallMemory>>,
     poison: AtomicBool,
@@ -361,6 +389,7 @@ impl<T: Element> Stack<T> {
             dispatch,
             weights,
             last_path: Mutex::new(None),
+            last_forward_precision: Mutex::new(None),
             last_forward: Mutex::new(None),
             last_backward: Mutex::new(None),
             poison: AtomicBool::new(false),
@@ -412,9 +441,14 @@ impl<T: Element> Stack<T> {
         self.weights.as_ref().map_or(0, Weights::bytes)
     }
 
-    /// Path decision of the last backward call (`None` before the first).
+    /// Path decision of the last backward call (`None` before the first);
+    /// its `precision` is the mode that call ran.
     pub fn last_path(&self) -> Option<PathDecision> {
         *lock(&self.last_path)
+    }
+    /// The mode the last forward call ran (`None` before the first).
+    pub fn last_forward_precision(&self) -> Option<Precision> {
+        *lock(&self.last_forward_precision)
     }
     /// Extra peak bytes of the last forward call, outputs included (see
     /// [`crate::runtime::memory`]).
@@ -472,14 +506,30 @@ impl<T: Element> Stack<T> {
     /// The path and the kernels a backward call with `opts` would launch
     /// (reads the environment for [`FusedMode::FromEnv`]); launches nothing.
     pub fn backward_plan(&self, opts: &BackwardOptions) -> Result<(PathDecision, Vec<&'static KernelEntry>), MixError> {
-        let c = self.backward_choice(opts)?;
+        let c = self.backward_choice(opts, true)?;
         let mut v = vec![c.grad_alpha, c.final_];
         v.extend(c.layer.iter().copied());
         Ok((c.decision, v))
     }
 
-    fn backward_choice(&self, opts: &BackwardOptions) -> Result<BackwardChoice, MixError> {
-        self.planner().backward_choice(opts.fused.requested()?, &opts.tiles, self.blas().is_some())
+    fn backward_choice(&self, opts: &BackwardOptions, own_weights: bool) -> Result<BackwardChoice, MixError> {
+        let dispatch = self.dispatch_in(opts.precision, own_weights)?;
+        self.planner(&dispatch).backward_choice(opts.fused.requested()?, &opts.tiles, self.blas().is_some())
+    }
+
+    /// This stack's dispatch in the call's mode, checked: the mode serves
+    /// this dtype, Cf and arch, and the stack's own weights (when the call
+    /// uses them) lie in its range.
+    fn dispatch_in(&self, mode: PrecisionMode, own_weights: bool) -> Result<Dispatch<'static>, MixError> {
+        let precision = mode.resolve()?;
+        let dispatch = self.dispatch.with_precision(precision);
+        dispatch.check_precision(T::DTYPE, self.shape.cf as u32)?;
+        if let (Some(limit), Some(w), true) = (precision.max_abs_operand(), &self.weights, own_weights) {
+            if w.gemm_max_abs.is_nan() || w.gemm_max_abs > limit {
+                return Err(MixError::WeightRange { precision, tensor: "w0, w1", max_abs: w.gemm_max_abs, limit });
+            }
+        }
+        Ok(dispatch)
     }
 
     // ------------------------------------------------------------------
@@ -497,21 +547,23 @@ impl<T: Element> Stack<T> {
         alpha: &CudaSlice<T>,
         apply_alpha: bool,
     ) -> Result<(CudaSlice<T>, CudaSlice<T>), MixError> {
-        self.forward_with(stream, u0, alpha, apply_alpha, &TileOverride::new())
+        self.forward_with(stream, u0, alpha, apply_alpha, &ForwardOptions::default())
     }
 
-    /// [`Stack::forward`] with per-stage kernel overrides (forward stages
-    /// only; any candidate of this stack's key), for tile sweeps.
+    /// [`Stack::forward`] with options: the precision, and per-stage kernel
+    /// overrides (forward stages only; any candidate of this stack's key in
+    /// that mode), for tile sweeps.
     pub fn forward_with(
         &self,
         stream: &Arc<CudaStream>,
         u0: &CudaSlice<T>,
         alpha: &CudaSlice<T>,
         apply_alpha: bool,
-        tiles: &TileOverride,
+        opts: &ForwardOptions,
     ) -> Result<(CudaSlice<T>, CudaSlice<T>), MixError> {
         let (cf, lmax) = (self.shape.cf as u32, self.shape.lmax as u32);
-        self.dispatch.validate_forward_override(T::DTYPE, cf, lmax, tiles)?;
+        let dispatch = self.dispatch_in(opts.precision, true)?;
+        dispatch.validate_forward_override(T::DTYPE, cf, lmax, &opts.tiles)?;
         self.check_stream(stream)?;
         self.check_slice(u0, "u0")?;
         self.check_slice(alpha, "alpha")?;
@@ -529,8 +581,9 @@ impl<T: Element> Stack<T> {
             let (p_out, _s2) = out.device_ptr_mut(stream);
             let (p_z, _s3) = z_all.device_ptr_mut(stream);
             let ptrs = ForwardPtrs { u0: p_u0, alpha: p_alpha, out: p_out, z_all: p_z };
-            self.forward_core(stream, e, &ptrs, None, apply_alpha, tiles, &mut tr)?;
+            self.forward_core(stream, e, &ptrs, None, apply_alpha, &dispatch, &opts.tiles, &mut tr)?;
         }
+        *lock(&self.last_forward_precision) = Some(dispatch.precision());
         *lock(&self.last_forward) = Some(tr.finish());
         Ok((out, z_all))
     }
@@ -561,7 +614,7 @@ impl<T: Element> Stack<T> {
         check_len("z_all", sh.z_all_len(e)?, z_all.len())?;
         check_len("alpha", sh.alpha_len(e)?, alpha.len())?;
         sh.check_edges(e, std::mem::size_of::<T>())?;
-        let plan = self.backward_choice(opts)?;
+        let plan = self.backward_choice(opts, true)?;
 
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         let mut grad_u0 = tr.output::<T>(sh.surface_len(e)?, "grad_u0")?;
@@ -606,9 +659,10 @@ impl<T: Element> Stack<T> {
         stream: &Arc<CudaStream>,
         call: &Checked<T, ForwardPtrs>,
         apply_alpha: bool,
+        opts: &ForwardOptions,
     ) -> Result<(), MixError> {
         // SAFETY: the caller's contract, as documented above.
-        unsafe { self.forward_raw_inner(stream, call, None, apply_alpha) }
+        unsafe { self.forward_raw_inner(stream, call, None, apply_alpha, opts) }
     }
 
     /// [`Stack::forward_raw`] with the weights of this call (a stack made
@@ -624,6 +678,7 @@ impl<T: Element> Stack<T> {
         stream: &Arc<CudaStream>,
         call: &Checked<T, (ForwardPtrs, ForwardWeights)>,
         apply_alpha: bool,
+        opts: &ForwardOptions,
     ) -> Result<(), MixError> {
         let (ptrs, weights) = call.ptrs;
         let (ptrs, weights) = if call.shape == self.shape {
@@ -633,7 +688,7 @@ impl<T: Element> Stack<T> {
             (ptrs.check(self.shape, call.e)?, weights)
         };
         // SAFETY: the caller's contract, as documented above.
-        unsafe { self.forward_raw_inner(stream, &ptrs, Some(&weights), apply_alpha) }
+        unsafe { self.forward_raw_inner(stream, &ptrs, Some(&weights), apply_alpha, opts) }
     }
 
     unsafe fn forward_raw_inner(
@@ -642,14 +697,19 @@ impl<T: Element> Stack<T> {
         call: &Checked<T, ForwardPtrs>,
         weights: Option<&ForwardWeights>,
         apply_alpha: bool,
+        opts: &ForwardOptions,
     ) -> Result<(), MixError> {
         self.check_stream(stream)?;
+        let (cf, lmax) = (self.shape.cf as u32, self.shape.lmax as u32);
+        let dispatch = self.dispatch_in(opts.precision, weights.is_none())?;
+        dispatch.validate_forward_override(T::DTYPE, cf, lmax, &opts.tiles)?;
         // Checked for another shape (another stack's): check for this one.
         let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if call.e > 0 {
-            self.forward_core(stream, call.e, &call.ptrs, weights, apply_alpha, &TileOverride::new(), &mut tr)?;
+            self.forward_core(stream, call.e, &call.ptrs, weights, apply_alpha, &dispatch, &opts.tiles, &mut tr)?;
         }
+        *lock(&self.last_forward_precision) = Some(dispatch.precision());
         *lock(&self.last_forward) = Some(tr.finish());
         Ok(())
     }
@@ -704,7 +764,7 @@ impl<T: Element> Stack<T> {
         self.check_stream(stream)?;
         // As in forward_raw.
         let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
-        let plan = self.backward_choice(opts)?;
+        let plan = self.backward_choice(opts, weights.is_none())?;
         *lock(&self.last_path) = Some(plan.decision);
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if call.e > 0 {
@@ -744,8 +804,8 @@ impl<T: Element> Stack<T> {
     }
 
     /// The planner over this stack's shape, dtype and kernel table.
-    fn planner(&self) -> Planner<'_> {
-        Planner { shape: self.shape, dtype: T::DTYPE, dispatch: &self.dispatch }
+    fn planner<'d>(&self, dispatch: &'d Dispatch<'static>) -> Planner<'d> {
+        Planner { shape: self.shape, dtype: T::DTYPE, dispatch }
     }
 
     /// What this stack offers a call's plan now.
@@ -778,6 +838,7 @@ impl<T: Element> Stack<T> {
         p: &ForwardPtrs,
         weights: Option<&ForwardWeights>,
         apply_alpha: bool,
+        dispatch: &Dispatch<'static>,
         tiles: &TileOverride,
         tr: &mut Tracker<'_>,
     ) -> Result<(), MixError> {
@@ -789,7 +850,7 @@ impl<T: Element> Stack<T> {
             }
             None => self.own_weights(stream, &mut io, false)?,
         };
-        let plan = self.planner().forward(e, apply_alpha, tiles, &self.machine()?)?;
+        let plan = self.planner(dispatch).forward(e, apply_alpha, tiles, &self.machine()?)?;
         *lock(&self.last_forward_chunking) = Some(plan.chunking);
         exec::run_plan::<T>(stream, &plan, &io, &self.exec_env(), tr)
     }
@@ -821,7 +882,8 @@ impl<T: Element> Stack<T> {
             }
             None => self.own_weights(stream, &mut io, true)?,
         };
-        let plan = self.planner().backward(e, apply_alpha, choice, &self.machine()?)?;
+        let dispatch = self.dispatch.with_precision(choice.decision.precision);
+        let plan = self.planner(&dispatch).backward(e, apply_alpha, choice, &self.machine()?)?;
         *lock(&self.last_backward_chunking) = Some(plan.chunking);
         exec::run_plan::<T>(stream, &plan, &io, &self.exec_env(), tr)
     }

@@ -23,6 +23,9 @@ pub(crate) struct Weights<T> {
     /// gwt[k][f][c][j] = GW[k][f][j][c]: the gate-logit contraction reads
     /// it along j, coalesced.
     pub gwt: Option<CudaSlice<T>>,
+    /// max |w| over W0 and W1, the block GEMMs' weights (NaN if one is):
+    /// what a compensated mode's range contract is checked against.
+    pub gemm_max_abs: f64,
 }
 
 impl<T: Element> Weights<T> {
@@ -47,7 +50,15 @@ impl<T: Element> Weights<T> {
         let up = |what: &'static str, host: &[T]| {
             stream.clone_htod(host).during(|| format!("uploading `{what}` ({} elements)", host.len()))
         };
+        let gemm_max_abs = w0.iter().chain(w1).map(|w| w.to_f64().abs()).fold(0.0, |m: f64, a| {
+            if m.is_nan() || a.is_nan() {
+                f64::NAN
+            } else {
+                m.max(a)
+            }
+        });
         let weights = Weights {
+            gemm_max_abs,
             w0: up("w0", w0)?,
             w1: up("w1", w1)?,
             wt0: up("wt0", &transpose_blocks(w0, shape.m0()))?,

@@ -4,8 +4,10 @@
 
 use super::CliResult;
 use cudarc::driver::CudaSlice;
-use mixstack::kinds::Stage;
-use mixstack::runtime::{open_device, BackwardOptions, CallMemory, GateGemm, Path, Stack, StackShape, TileOverride};
+use mixstack::kinds::{Precision, Stage};
+use mixstack::runtime::{
+    open_device, BackwardOptions, CallMemory, ForwardOptions, GateGemm, Path, Stack, StackShape, TileOverride,
+};
 use rand::{rngs::StdRng as SmallRng, Rng, SeedableRng};
 use serde::Serialize;
 
@@ -29,6 +31,13 @@ pub struct BenchArgs {
     /// or `default`. The first one's outputs feed the backward.
     #[arg(long = "forward-variant")]
     pub forward_variants: Vec<String>,
+    /// Precision modes (exact, fp16x3) to run every variant in, side by
+    /// side (default: exact alone). A variant in a mode past exact is
+    /// labelled `VARIANT@MODE`; bitwise checks compare variants of one
+    /// mode, and each mode's first variant is compared with the first
+    /// mode's by relative L2 and max abs error.
+    #[arg(long = "precision")]
+    pub precisions: Vec<String>,
     /// Also time the relay's two gate contractions done by cuBLAS against
     /// the generated kernels that contain them (crates/cli/src/cublas_gate.rs);
     /// needs libcublas on the library path.
@@ -43,6 +52,7 @@ pub struct BenchArgs {
 pub struct Timing {
     pub label: String,
     pub path: String,
+    pub precision: Precision,
     pub median_ms: f64,
     pub min_ms: f64,
     pub max_ms: f64,
@@ -69,7 +79,71 @@ pub struct BenchReport {
     pub chunking: String,
     pub backward: Vec<Timing>,
     pub fused_bitwise_equal_to_relay: Option<bool>,
+    /// Each mode's first variant against the first mode's (out and z_all;
+    /// grad_u0 and grad_alpha).
+    pub accuracy: Vec<Accuracy>,
     pub cublas_gate: Option<super::cublas_gate::CublasGate>,
+}
+
+/// One variant's outputs against a reference variant's (another mode).
+#[derive(Serialize, Clone, Debug)]
+pub struct Accuracy {
+    pub label: String,
+    pub against: String,
+    /// Per output buffer: (name, relative L2, max abs error, max |reference|).
+    pub buffers: Vec<(String, f64, f64, f64)>,
+}
+
+fn accuracy(label: &str, against: &str, names: &[&str], want: &[Vec<f32>], got: &[Vec<f32>]) -> Accuracy {
+    let buffers = names
+        .iter()
+        .zip(want.iter().zip(got))
+        .map(|(n, (w, g))| {
+            let (mut d2, mut r2, mut dmax, mut rmax) = (0f64, 0f64, 0f64, 0f64);
+            for (&a, &b) in w.iter().zip(g) {
+                let (a, b) = (a as f64, b as f64);
+                let d = if a.is_finite() && b.is_finite() { (a - b).abs() } else { f64::INFINITY };
+                d2 += d * d;
+                r2 += a * a;
+                dmax = dmax.max(d);
+                rmax = rmax.max(a.abs());
+            }
+            (n.to_string(), (d2 / r2.max(f64::MIN_POSITIVE)).sqrt(), dmax, rmax)
+        })
+        .collect();
+    Accuracy { label: label.into(), against: against.into(), buffers }
+}
+
+fn print_accuracy(a: &Accuracy) {
+    for (n, rel, dmax, rmax) in &a.buffers {
+        println!(
+            "{} vs {}: {n:<10} rel L2 {rel:.2e}  max abs err {dmax:.2e} (max |ref| {rmax:.2e})",
+            a.label, a.against
+        );
+    }
+}
+
+/// The modes of `--precision` (default: exact), in order, each once.
+fn modes(names: &[String]) -> Result<Vec<Precision>, String> {
+    let mut out = Vec::new();
+    for n in names {
+        let p = Precision::parse(n.trim()).ok_or_else(|| format!("--precision {n}: not exact or fp16x3"))?;
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        out.push(Precision::Exact);
+    }
+    Ok(out)
+}
+
+/// `label` in `p`: unchanged for exact, `label@mode` otherwise.
+fn in_mode(label: &str, p: Precision) -> String {
+    match p {
+        Precision::Exact => label.to_string(),
+        p => format!("{label}@{p}"),
+    }
 }
 
 pub(crate) fn median(v: &mut [f64]) -> f64 {
@@ -122,6 +196,7 @@ pub fn run_default() -> CliResult {
             reps: 20,
             variants: vec![],
             forward_variants: vec![],
+            precisions: vec![],
             cublas_gate: false,
             json: None,
         }),
@@ -165,9 +240,11 @@ pub(crate) fn interleaved(
     Ok(ms)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn summarise(
     label: &str,
     path: &str,
+    precision: Precision,
     mut ms: Vec<f64>,
     flops: f64,
     bytes: f64,
@@ -179,6 +256,7 @@ fn summarise(
     Timing {
         label: label.into(),
         path: path.into(),
+        precision,
         median_ms: med,
         min_ms: ms[0],
         max_ms: ms[reps - 1],
@@ -214,8 +292,18 @@ pub fn run(args: &BenchArgs) -> CliResult {
     // forward variants, interleaved per repetition
     let fspecs =
         if args.forward_variants.is_empty() { vec!["default".to_string()] } else { args.forward_variants.clone() };
-    let fparsed: Vec<(String, TileOverride)> =
-        fspecs.iter().map(|v| parse_overrides(v, v)).collect::<Result<_, _>>()?;
+    let modes = modes(&args.precisions)?;
+    let mut fparsed: Vec<(String, ForwardOptions)> = Vec::new();
+    for &p in &modes {
+        for v in &fspecs {
+            let opts = ForwardOptions::default().with_precision(p).with_tiles(parse_overrides(v, v)?.1);
+            fparsed.push((in_mode(v, p), opts));
+        }
+    }
+    let mode_of = |o: &ForwardOptions| match o.precision {
+        mixstack::runtime::PrecisionMode::Set(p) => p,
+        mixstack::runtime::PrecisionMode::FromEnv => Precision::Exact,
+    };
     let mut saved = None;
     let fwd_ms = interleaved(&stream, fparsed.len(), args.reps, &mut |v| {
         let res = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &fparsed[v].1)?;
@@ -232,28 +320,37 @@ pub fn run(args: &BenchArgs) -> CliResult {
     // is compared only with variants on its own path.
     let on_cublas = stack.gate_gemm() == GateGemm::Cublas;
     let gate_path = |t: &TileOverride| on_cublas && t.get(Stage::FwdGate).is_none();
-    let mut first: Option<Vec<Vec<f32>>> = None;
+    // The first variant of each mode: the bits its mode's others must match.
+    let mut firsts: Vec<(usize, Vec<Vec<f32>>)> = Vec::new();
     let mut forward_bitwise = None;
-    for (v, (label, tiles)) in fparsed.iter().enumerate() {
+    let mut accuracies = Vec::new();
+    for (v, (label, opts)) in fparsed.iter().enumerate() {
         stack.set_profiling(true);
-        let (o, z) = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, tiles)?;
+        let (o, z) = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, opts)?;
         let kernels = kernel_rows(&stack)?;
         stack.set_profiling(false);
         let mem = stack.last_forward_memory().unwrap_or_default();
         let got = vec![stream.clone_dtoh(&o)?, stream.clone_dtoh(&z)?];
-        match &first {
-            None => first = Some(got),
-            Some(_) if gate_path(tiles) != gate_path(&fparsed[0].1) => {
+        let p = mode_of(opts);
+        match firsts.iter().find(|(i, _)| mode_of(&fparsed[*i].1) == p) {
+            None => {
+                if let Some((i, f)) = firsts.first() {
+                    accuracies.push(accuracy(label, &fparsed[*i].0, &["out", "z_all"], f, &got));
+                }
+                firsts.push((v, got));
+            }
+            Some((i, _)) if gate_path(&opts.tiles) != gate_path(&fparsed[*i].1.tiles) => {
                 println!(
                     "{label}: another gate path than {}'s (cuBLAS / generated): not compared bitwise",
-                    fparsed[0].0
+                    fparsed[*i].0
                 )
             }
-            Some(f) => forward_bitwise = Some(forward_bitwise.unwrap_or(true) && bitwise_equal(f, &got)),
+            Some((_, f)) => forward_bitwise = Some(forward_bitwise.unwrap_or(true) && bitwise_equal(f, &got)),
         }
         forward_variants.push(summarise(
             label,
             "relay",
+            p,
             fwd_ms[v].clone(),
             w.forward_flops(),
             w.forward_bytes(),
@@ -261,14 +358,20 @@ pub fn run(args: &BenchArgs) -> CliResult {
             kernels,
         ));
     }
-    drop(first);
+    drop(firsts);
     let forward = forward_variants[0].clone();
     let (out, z_all) = saved.ok_or("no forward ran")?;
 
     // backward variants, interleaved per repetition
     let specs =
         if args.variants.is_empty() { vec!["relay".to_string(), "fused".to_string()] } else { args.variants.clone() };
-    let parsed: Vec<(String, BackwardOptions)> = specs.iter().map(|v| parse_variant(v)).collect::<Result<_, _>>()?;
+    let mut parsed: Vec<(String, BackwardOptions)> = Vec::new();
+    for &p in &modes {
+        for v in &specs {
+            let (label, opts) = parse_variant(v)?;
+            parsed.push((in_mode(&label, p), opts.with_precision(p)));
+        }
+    }
     // A variant this workload cannot run (say a tile whose shared memory does
     // not fit at this lmax) is reported and left out, not fatal to the rest.
     let mut variants = Vec::new();
@@ -286,7 +389,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         Ok(())
     })?;
     let mut backward = Vec::new();
-    let mut first: Option<Vec<Vec<f32>>> = None;
+    let mut firsts: Vec<(usize, Vec<Vec<f32>>)> = Vec::new();
     let (mut any_fused, mut all_equal) = (false, true);
     for (v, (label, opts)) in variants.iter().enumerate() {
         stack.set_profiling(true);
@@ -296,13 +399,19 @@ pub fn run(args: &BenchArgs) -> CliResult {
         let mem = stack.last_backward_memory().unwrap_or_default();
         any_fused |= d.path == Path::Fused;
         let got = vec![stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?];
-        match &first {
-            None => first = Some(got),
-            Some(f) => all_equal &= bitwise_equal(f, &got),
+        match firsts.iter().find(|(i, _)| variants[*i].1.precision == opts.precision) {
+            None => {
+                if let Some((i, f)) = firsts.first() {
+                    accuracies.push(accuracy(label, &variants[*i].0, &["grad_u0", "grad_alpha"], f, &got));
+                }
+                firsts.push((v, got));
+            }
+            Some((_, f)) => all_equal &= bitwise_equal(f, &got),
         }
         backward.push(summarise(
             label,
             paths[v].as_str(),
+            d.precision,
             times[v].clone(),
             w.backward_flops(),
             w.backward_bytes(),
@@ -310,8 +419,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
             kernels,
         ));
     }
-    // Every variant against the first (all must agree bit for bit).
-    let bitwise = (any_fused && variants.len() > 1).then_some(all_equal);
+    drop(firsts);
+    // Every variant against its mode's first (all must agree bit for bit).
+    let bitwise = (any_fused && variants.len() > modes.len()).then_some(all_equal);
 
     for t in &forward_variants {
         print_timing(t);
@@ -334,6 +444,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     for t in &backward {
         print_timing(t);
     }
+    for a in &accuracies {
+        print_accuracy(a);
+    }
     for t in backward.iter().skip(1) {
         println!("{} / {} backward median: {:.3}", t.label, backward[0].label, t.median_ms / backward[0].median_ms);
         if let Some((fused, gemm)) = gated_layer_times(&backward[0].per_kernel, &t.per_kernel, w.n_layers - 1) {
@@ -347,7 +460,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     match bitwise {
         Some(b) => println!(
-            "every variant vs {} bitwise (grad_u0, grad_alpha, every element): {}",
+            "every variant vs its mode's first ({}) bitwise (grad_u0, grad_alpha, every element): {}",
             backward[0].label,
             if b { "EQUAL" } else { "DIFFERENT" }
         ),
@@ -378,6 +491,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         forward_bitwise_equal: forward_bitwise,
         backward,
         fused_bitwise_equal_to_relay: bitwise,
+        accuracy: accuracies,
         cublas_gate,
     };
     if let Some(p) = &args.json {

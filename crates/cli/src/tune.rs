@@ -12,7 +12,7 @@ use std::time::Instant;
 use mixstack::kinds::{Dtype, Precision, Stage};
 use mixstack::runtime::dispatch::{forward_stages, is_fused_stage, Path};
 use mixstack::runtime::table::{self, Layers, Serves, Variant};
-use mixstack::runtime::{open_device, BackwardOptions, FusedMode, GateGemm, TileOverride};
+use mixstack::runtime::{open_device, BackwardOptions, ForwardOptions, FusedMode, GateGemm, TileOverride};
 use mixstack_gen::defaults::{write, Default};
 use rand::{rngs::StdRng as SmallRng, SeedableRng};
 
@@ -114,13 +114,18 @@ pub fn run(args: &TuneArgs) -> CliResult {
         cands.sort_by_key(|e| e.name != default.name); // the default first: the bits to match
         let forward = forward_stages().contains(&stage);
         let tiles: Vec<TileOverride> = cands.iter().map(|e| TileOverride::new().with(stage, e.name)).collect();
+        // The exact mode, whatever MIXSTACK_PRECISION says: the defaults tuned are exact ones.
+        let fwd_opts =
+            |t: &TileOverride| ForwardOptions::default().with_precision(Precision::Exact).with_tiles(t.clone());
         let opts = |t: &TileOverride| {
             let fused = if is_fused_stage(stage) { FusedMode::On } else { FusedMode::Off };
-            BackwardOptions { fused, tiles: t.clone() }
+            BackwardOptions { fused, ..BackwardOptions::default() }
+                .with_precision(Precision::Exact)
+                .with_tiles(t.clone())
         };
         let outputs = |t: &TileOverride| -> Result<Vec<Vec<f32>>, Box<dyn std::error::Error>> {
             Ok(if forward {
-                let (o, z) = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, t)?;
+                let (o, z) = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &fwd_opts(t))?;
                 vec![stream.clone_dtoh(&o)?, stream.clone_dtoh(&z)?]
             } else {
                 let (gu, ga, _) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, &opts(t))?;
@@ -132,7 +137,7 @@ pub fn run(args: &TuneArgs) -> CliResult {
             tiles.iter().map(|t| outputs(t).map(|got| bitwise_equal(&want, &got))).collect::<Result<_, _>>()?;
         let mut ms = interleaved(&stream, tiles.len(), args.reps, &mut |v| {
             if forward {
-                stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &tiles[v])?;
+                stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &fwd_opts(&tiles[v]))?;
             } else {
                 stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, &opts(&tiles[v]))?;
             }

@@ -1,12 +1,14 @@
-//! `mixstack verify`: the CPU reference, then every GPU path, against a
-//! vectors directory. One line per case and path; fails if any exceeds its
-//! tolerance (f64 <= 1e-10, f32 <= 1e-5 relative), and if nothing was
+//! `mixstack verify`: the CPU reference, then every GPU path in every
+//! precision mode, against a vectors directory. One line per case and path;
+//! fails if any exceeds its tolerance (f64 <= 1e-10, f32 <= 1e-5 relative,
+//! in either mode), and if nothing was
 //! checked: a manifest that lists no case is refused by the loader
 //! ([`vectors::VectorError::NoCases`]), and success is never reported after
 //! zero checks.
 
 use super::CliResult;
-use mixstack::runtime::{open_device, BackwardOptions, Element, Path, Stack, StackShape};
+use mixstack::kinds::Precision;
+use mixstack::runtime::{open_device, BackwardOptions, Element, ForwardOptions, MixError, Path, Stack, StackShape};
 use mixstack_reference::reference::{self, rel_err};
 use mixstack_reference::vectors::{self, Case};
 use std::sync::Arc;
@@ -17,15 +19,11 @@ pub const TOL_F32: f64 = 1e-5;
 /// Host conversions the harness needs on top of [`Element`].
 pub trait Host: Element {
     fn from_f64(v: f64) -> Self;
-    fn to_f64(self) -> f64;
     fn bits(self) -> u64;
 }
 impl Host for f32 {
     fn from_f64(v: f64) -> Self {
         v as f32
-    }
-    fn to_f64(self) -> f64 {
-        self as f64
     }
     fn bits(self) -> u64 {
         self.to_bits() as u64
@@ -34,9 +32,6 @@ impl Host for f32 {
 impl Host for f64 {
     fn from_f64(v: f64) -> Self {
         v
-    }
-    fn to_f64(self) -> f64 {
-        self
     }
     fn bits(self) -> u64 {
         self.to_bits()
@@ -79,28 +74,32 @@ pub struct GpuRun<T> {
     pub path: Path,
 }
 
-/// Forward then backward of `case` on the GPU, inputs rounded to T from the
-/// vectors' exact f32 values; outputs poisoned with NaN before the run.
+/// Forward then backward of `case` on the GPU in `precision`, inputs
+/// rounded to T from the vectors' exact f32 values; outputs poisoned with
+/// NaN before the run.
 pub fn run_case<T: Host>(
     stream: &Arc<cudarc::driver::CudaStream>,
     c: &Case,
+    precision: Precision,
     opts: &BackwardOptions,
-) -> Result<GpuRun<T>, Box<dyn std::error::Error>> {
+) -> Result<GpuRun<T>, MixError> {
     let s = c.shape;
     let shape = StackShape::new(s.f, s.cf, s.lmax, s.n_layers);
     let stack = Stack::<T>::new(stream, shape, &conv::<T>(&c.w0), &conv::<T>(&c.w1), &conv::<T>(&c.gw))?;
     stack.debug_poison_allocations(true);
-    let u0 = stream.clone_htod(&conv::<T>(&c.u0))?;
-    let alpha = stream.clone_htod(&conv::<T>(&c.alpha))?;
-    let grad_out = stream.clone_htod(&conv::<T>(&c.grad_out))?;
-    let (out, z_all) = stack.forward(stream, &u0, &alpha, c.apply_alpha)?;
+    let up = |v: &[f64]| stream.clone_htod(&conv::<T>(v)).map_err(|e| MixError::driver("copying in", e));
+    let (u0, alpha, grad_out) = (up(&c.u0)?, up(&c.alpha)?, up(&c.grad_out)?);
+    let (out, z_all) =
+        stack.forward_with(stream, &u0, &alpha, c.apply_alpha, &ForwardOptions::default().with_precision(precision))?;
+    let opts = opts.clone().with_precision(precision);
     let (grad_u0, grad_alpha, decision) =
-        stack.backward(stream, &grad_out, &out, &z_all, &alpha, c.apply_alpha, opts)?;
+        stack.backward(stream, &grad_out, &out, &z_all, &alpha, c.apply_alpha, &opts)?;
+    let host = |b: &cudarc::driver::CudaSlice<T>| stream.clone_dtoh(b).map_err(|e| MixError::driver("copying out", e));
     Ok(GpuRun {
-        out: stream.clone_dtoh(&out)?,
-        z_all: stream.clone_dtoh(&z_all)?,
-        grad_u0: stream.clone_dtoh(&grad_u0)?,
-        grad_alpha: stream.clone_dtoh(&grad_alpha)?,
+        out: host(&out)?,
+        z_all: host(&z_all)?,
+        grad_u0: host(&grad_u0)?,
+        grad_alpha: host(&grad_alpha)?,
         path: decision.path,
     })
 }
@@ -131,24 +130,39 @@ pub fn run(dir: Option<&std::path::Path>) -> CliResult {
         Ok(ctx) => {
             let stream = ctx.default_stream();
             for c in &cases {
-                let r64 = run_case::<f64>(&stream, c, &BackwardOptions::relay())?;
+                let r64 = run_case::<f64>(&stream, c, Precision::Exact, &BackwardOptions::relay())?;
                 check_gpu(&mut t, "gpu-f64-relay", c, &r64, TOL_F64);
-                let relay = run_case::<f32>(&stream, c, &BackwardOptions::relay())?;
-                check_gpu(&mut t, "gpu-f32-relay", c, &relay, TOL_F32);
-                let fused = run_case::<f32>(&stream, c, &BackwardOptions::fused())?;
-                if fused.path == Path::Fused {
-                    check_gpu(&mut t, "gpu-f32-fused", c, &fused, TOL_F32);
-                    let same = fused.grad_u0.iter().zip(&relay.grad_u0).all(|(a, b)| a.bits() == b.bits())
-                        && fused.grad_alpha.iter().zip(&relay.grad_alpha).all(|(a, b)| a.bits() == b.bits());
-                    println!(
-                        "case {} gpu-f32-fused      bitwise equal to relay: {}",
-                        c.index,
-                        if same { "PASS" } else { "FAIL" }
-                    );
-                    t.checked += 1;
-                    t.failed += usize::from(!same);
-                } else {
-                    println!("case {} gpu-f32-fused      not run: relay (outside the fused regime)", c.index);
+                for p in Precision::ALL {
+                    let tag = |path: &str| match p {
+                        Precision::Exact => format!("gpu-f32-{path}"),
+                        p => format!("gpu-f32-{p}-{path}"),
+                    };
+                    let relay = match run_case::<f32>(&stream, c, p, &BackwardOptions::relay()) {
+                        Ok(r) => r,
+                        // A compensated mode this build or device does not serve.
+                        Err(e @ MixError::UnsupportedPrecision { .. }) => {
+                            println!("case {} {:<18} not run: {e}", c.index, tag("relay"));
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
+                    check_gpu(&mut t, &tag("relay"), c, &relay, TOL_F32);
+                    let fused = run_case::<f32>(&stream, c, p, &BackwardOptions::fused())?;
+                    if fused.path == Path::Fused {
+                        check_gpu(&mut t, &tag("fused"), c, &fused, TOL_F32);
+                        let same = fused.grad_u0.iter().zip(&relay.grad_u0).all(|(a, b)| a.bits() == b.bits())
+                            && fused.grad_alpha.iter().zip(&relay.grad_alpha).all(|(a, b)| a.bits() == b.bits());
+                        println!(
+                            "case {} {:<18} bitwise equal to relay: {}",
+                            c.index,
+                            tag("fused"),
+                            if same { "PASS" } else { "FAIL" }
+                        );
+                        t.checked += 1;
+                        t.failed += usize::from(!same);
+                    } else {
+                        println!("case {} {:<18} not run: relay (outside the fused regime)", c.index, tag("fused"));
+                    }
                 }
             }
         }

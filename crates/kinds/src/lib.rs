@@ -248,10 +248,23 @@ pub enum Precision {
 }
 
 impl Precision {
+    pub const ALL: [Precision; 2] = [Precision::Exact, Precision::Fp16x3];
+    /// A mode by its name ([`Precision::as_str`]), case-insensitive.
+    pub fn parse(name: &str) -> Option<Precision> {
+        Self::ALL.into_iter().find(|p| p.as_str().eq_ignore_ascii_case(name))
+    }
     pub fn as_str(self) -> &'static str {
         match self {
             Precision::Exact => "exact",
             Precision::Fp16x3 => "fp16x3",
+        }
+    }
+    /// The largest |operand| the mode's unscaled operand (the weights, B)
+    /// keeps finite: fp16's largest finite value for fp16x3; none for exact.
+    pub fn max_abs_operand(self) -> Option<f64> {
+        match self {
+            Precision::Exact => None,
+            Precision::Fp16x3 => Some(65504.0),
         }
     }
     /// The value of the kernels' PREC template argument.
