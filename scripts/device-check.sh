@@ -5,7 +5,8 @@
 # sanitize.sh), and Nsight Compute on the kernels matching NCU_K (one
 # launch each, with per-SASS-instruction source counters as CSV), and with
 # GPU_TESTS="filters" only those gpu_stack tests, BENCH="seed cf64 f1" relay
-# against fused benches (REPS each), TILES="seed cf64 f1" every fused tile
+# against fused benches (REPS each), PREC_BENCH="seed" the same in both
+# precision modes (exact, fp16x3) side by side, TILES="seed cf64 f1" every fused tile
 # matching MATCH against the relay (scripts/fused-tiles.sh), SWEEP=1 the Cf x
 # lmax sweep (scripts/fused-sweep.sh; EXTRA="tile ..." adds tiles there, raise SWEEP_S), TUNE="seed" mixstack tune --write and
 # its winners against the defaults (scripts/tune-check.sh), PROBE=1 a short fused bench first
@@ -69,6 +70,12 @@ fi
 for p in ${BENCH:-}; do
   .device/mixstack bench --preset "$p" --reps "${REPS:-10}" --variant relay --variant fused > "$OUT/r/bench_$p.out" 2>&1
   echo "bench $p rc=$?"; grep -vE "^    fwd_|^default|^scratch" "$OUT/r/bench_$p.out"
+done
+for p in ${PREC_BENCH:-}; do
+  # issue 20: both precision modes, relay and fused, interleaved in one bench
+  .device/mixstack bench --preset "$p" --reps "${REPS:-10}" --precision exact --precision fp16x3 \
+    --variant relay --variant fused > "$OUT/r/prec_bench_$p.out" 2>&1
+  echo "precision bench $p rc=$?"; grep -vE "^    fwd_|^scratch" "$OUT/r/prec_bench_$p.out"
 done
 for p in ${TILES:-}; do
   # every fused tile matching MATCH against the relay, side by side
