@@ -48,6 +48,7 @@ if torch is not None:
     from mixstack_torch import reference as ref
 
 FUSED_ENV = "MIXSTACK_STACK_BWD_FUSED"
+PRECISION_ENV = "MIXSTACK_PRECISION"
 TOL_F64 = 1e-10
 TOL_F32 = 1e-5
 
@@ -280,6 +281,44 @@ def test_auto_path_reads_env():
             os.environ.pop(FUSED_ENV, None)
         else:
             os.environ[FUSED_ENV] = saved
+
+
+def test_precision_env_selects_the_mode():
+    """MIXSTACK_PRECISION=fp16x3 runs the op's GEMMs in the compensated mode
+    (read at each call): its bits differ from the exact mode's, it stays
+    within 1e-6 of the fp64 reference, the fused request takes the relay in
+    the mode and says why, and a bad value is refused naming the variable."""
+    c = make_case(2, 3001, 32, 3, 3, torch.float32, seed=600)
+    want = ref_all(c, True, torch.float64)[:4]
+    saved = os.environ.get(PRECISION_ENV)
+    try:
+        os.environ.pop(PRECISION_ENV, None)
+        exact = op_fwd_bwd(c, True, "relay")
+        os.environ[PRECISION_ENV] = "fp16x3"
+        x3 = op_fwd_bwd(c, True, "relay")
+        names = ("out", "z_all", "grad_u0", "grad_alpha")
+        check_close("fp16x3 " + case_name(2, 3001, 32, 3, 3, True, torch.float32, "relay"),
+                    {k: rel(a, b) for k, a, b in zip(names, x3, want)}, 1e-6)
+        assert not torch.equal(exact[0], x3[0]), "MIXSTACK_PRECISION=fp16x3 gave the exact mode's bits"
+        fused = op_fwd_bwd(c, True, "fused")
+        path, why = mt.last_backward_path()
+        print(f"  fused requested in fp16x3: {path} ({why})")
+        assert path == "relay" and "fp16x3" in why, (path, why)
+        for k, a, b in zip(names, fused, x3):
+            assert torch.equal(a, b), f"{k}: the fallback is not the relay's bits"
+        os.environ[PRECISION_ENV] = "fp17"
+        try:
+            op_fwd_bwd(c, True, "relay")
+        except ValueError as e:
+            assert PRECISION_ENV in str(e), str(e)
+            print(f"  malformed precision refused: {e}")
+        else:
+            raise AssertionError(f"{PRECISION_ENV}=fp17 was accepted")
+    finally:
+        if saved is None:
+            os.environ.pop(PRECISION_ENV, None)
+        else:
+            os.environ[PRECISION_ENV] = saved
 
 
 def _expect_value_error(what, fn, *needles):
@@ -560,6 +599,7 @@ TESTS = [
     test_gradcheck_fp64,
     test_relay_fused_bitwise,
     test_auto_path_reads_env,
+    test_precision_env_selects_the_mode,
     test_refusals,
     test_cpu_kernel_agrees_with_the_cuda_kernel,
     test_weights_get_no_gradient,
