@@ -773,349 +773,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
 }
 
 // ---------------------------------------------------------------------------
-// Row-block streaming GEMM: the fused backward's core. A persistent block
-// owns whole row blocks (rb = blockIdx.x, blockIdx.x + gridDim.x, ...) and,
-// per row block, walks every column tile of both output segments (square
-// blocks: K == N per segment) through one cp.async ring that never drains,
-// exactly as gemm_stream does for one segment. So the per-row work the A
-// operand needs (gate recompute, gate-logit, scalar chain) runs once per
-// row block, not once per column tile, and its result stays in shared
-// memory for all of that row block's tiles: a.tile(e0) on the whole block
-// (pipe: stream; the ring keeps loading the row block's first chunks, their
-// weights: subtile 0's gz is gz_s, never copied, while it runs), or on
-// producer threads a row block ahead (pipe: split, P > 0: below). Each
-// output element still accumulates k ascending from zero (chunk by chunk,
-// mma_stream), then epi.
-
-// Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
-// order this thread's earlier shared-memory accesses before the barrier
-// completes, which is what a buffer handover needs.
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-// FULL/EMPTY + segment (pipe: ws) or + per-row buffer slot (pipe: split).
-enum WsBarrier { WS_PRODUCERS = 1, WS_CONSUMERS = 2, WS_FULL = 3, WS_EMPTY = 5 };
-
-// One output segment: columns [off, off + N) of each row, from A columns
-// [off, off + N) times B (N x N, row-major).
-template <typename T>
-struct Seg {
-  const T* B;
-  int N, off;
-};
-
-// Position of a chunk in a block's walk: row block, segment, column tile, K
-// chunk; advanced without divisions. Per-segment values are picked by
-// selects, never by indexing an array with s (that puts the array in local
-// memory).
-struct RowWalk {
-  i64 rb;
-  int s, ct, kt;
-  __device__ __forceinline__ void step(int kt0, int kt1, int ct0, int ct1) {
-    if (++kt == (s ? kt1 : kt0)) {
-      kt = 0;
-      if (++ct == (s ? ct1 : ct0)) {
-        ct = 0;
-        if (++s == 2) {
-          s = 0;
-          rb += gridDim.x;
-        }
-      }
-    }
-  }
-};
-
-// Where a fused K chunk's gz comes from (AOp::chunk(c0)): a chunk lies in
-// one subtile (Cf % BK == 0), so one uniform choice per chunk replaces a
-// per-piece subtile test. replace: gz = the source (the scalar chain gz_s,
-// and the chunk's g is never loaded); else gz = op_gate(g, source), the
-// gates. The source is an element offset into shared memory, not a
-// pointer: a pointer picked by a select loses its address space, and the
-// loads became generic 64-bit ones (run 78 SASS).
-template <typename T>
-struct ChunkGz {
-  int src;  // the chunk's row 0, column 0: smem_at<T>(0)[src]
-  int ld;   // that buffer's row stride
-  bool replace;
-};
-
-// With P > 0 producer threads (pipe: split; threads 0..P-1) the per-row work
-// leaves the GEMM's warps: producers run it (a.produce(e0, slot)) for each
-// row block into one of two per-row buffer slots, one row block ahead, and
-// hand it over by named barriers (FULL(slot) when formed, EMPTY(slot) when
-// the consumers' last chunk of that row block has read it); the consumer
-// threads run the walk below, forming gz per chunk from the slot's buffers.
-// With P == 0 the whole block runs a.tile(e0) at each row block's first
-// chunk, between block barriers.
-
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B, int P,
-          typename AOp, typename Epi>
-__device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
-  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY, ALL = P + THREADS;
-  constexpr int AK = BK + W;  // padded row of the row-major A chunk
-  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
-  static_assert(STAGES >= 2, "a ring of at least two chunks");
-  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
-  static_assert(P % 32 == 0 && THREADS % 32 == 0, "whole warps on each side");
-  const i64 nrb = (E + BM - 1) / BM;
-  if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
-  // This block's row blocks: blockIdx.x, blockIdx.x + gridDim.x, ...
-  const i64 nlocal = (nrb - 1 - blockIdx.x) / gridDim.x + 1;
-  if constexpr (P > 0) {
-    if ((int)threadIdx.x < P) {
-      for (i64 i = 0; i < nlocal; ++i) {
-        const int slot = (int)(i & 1);
-        if (i >= 2) bar_sync(WS_EMPTY + slot, ALL);  // row block i - 2's chunks are formed
-        a.produce(((i64)blockIdx.x + i * gridDim.x) * BM, slot, [] { bar_sync(WS_PRODUCERS, P); });
-        bar_arrive(WS_FULL + slot, ALL);
-      }
-      return;
-    }
-  }
-  // The GEMM's threads: all of the block, or the consumers.
-  auto sync = [] {
-    if constexpr (P > 0) {
-      bar_sync(WS_CONSUMERS, THREADS);
-    } else {
-      __syncthreads();
-    }
-  };
-  T* As = smem_at<T>(SMEM_A);
-  T* Bs = smem_at<T>(SMEM_B);
-  const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
-  const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
-  const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
-  const i64 nq = nlocal * (kt0 * ct0 + kt1 * ct1);
-  const ChunkCopy<T, BK, BN / W, THREADS, BN> copy_b(tid);
-  const ChunkCopy<T, BM, BK / W, THREADS, AK> copy_a(tid);
-  const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
-  const int stride = a.stride();
-
-  // Loader walk, STAGES - 1 chunks ahead of the consumer: row block (la its
-  // first row, lrows its rows in range), segment, column tile n0, K chunk
-  // (lcol its A column, lb its first B element). Advanced by pointer bumps;
-  // multiplies only where a column tile, segment or row block changes.
-  i64 le0 = (i64)blockIdx.x * BM;
-  const T* la = a.row(le0);
-  int lrows = E - le0 < BM ? (int)(E - le0) : BM;
-  int ls = 0, lkt = 0, ln0 = 0, lcol = seg0.off, lst = 0;
-  const T* lb = seg0.B;
-  i64 lq = 0;
-  auto load_next = [&]() {
-    const int N = ls ? seg1.N : seg0.N, n0 = ln0;
-    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), lb, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
-    if (!a.computed(lcol)) {
-      const int rows = lrows;
-      copy_a.copy(as0 + lst * A_STAGE * (int)sizeof(T), la + lcol, stride, rows == BM,
-                  [&](int m, int) { return m < rows; });
-    }
-    lcol += BK;
-    lb += BK * N;
-    if (++lkt == (ls ? kt1 : kt0)) {
-      lkt = 0;
-      ln0 += BN;
-      if (ln0 >= N) {
-        ln0 = 0;
-        if (ls) {
-          le0 += (i64)gridDim.x * BM;
-          la = a.row(le0);
-          lrows = E - le0 < BM ? (int)(E - le0) : BM;
-        }
-        ls ^= 1;
-      }
-      lcol = ls ? seg1.off : seg0.off;
-      lb = (ls ? seg1.B : seg0.B) + ln0;
-    }
-    lst = lst + 1 == STAGES ? 0 : lst + 1;
-    ++lq;
-  };
-
-  prime_ring<STAGES>(lq, nq, load_next);
-  T acc[TM][TN];
-  zero_acc(acc);
-
-  RowWalk cw{(i64)blockIdx.x, 0, 0, 0};
-  int cst = 0;
-  i64 crb = 0;  // the row block's index in this block's walk (its slot: crb & 1)
-  for (i64 q = 0; q < nq; ++q) {
-    cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
-    T* as = As + cst * A_STAGE;
-    const i64 e0 = cw.rb * BM;
-    const int off = cw.s ? seg1.off : seg0.off;
-    const int slot = P > 0 ? (int)(crb & 1) : 0;  // pipe: stream has one buffer set
-    // Each thread forms gz in the pieces it copied (the loader's mapping):
-    // one barrier covers landing and forming; a row block's first chunk
-    // waits for the per-row work, which forming reads. Rows past E form
-    // finite values (zero g, zero gz_s) that no store reads.
-    auto form_own = [&]() {
-      const ChunkGz<T> c = a.chunk(off + cw.kt * BK, slot);
-      const T* src = smem_at<T>(0) + c.src;
-      copy_a.each([&](int, int m, int k) {
-        T x[W], y[W];
-        Vec<T>::load(src + m * c.ld + k, y);
-        if (!c.replace) {
-          Vec<T>::load(as + m * AK + k, x);
-#pragma unroll
-          for (int w = 0; w < W; ++w) y[w] = op_gate<T>(x[w], y[w]);
-        }
-        Vec<T>::store(as + m * AK + k, y);
-      });
-    };
-    const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
-    const bool last = cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1;  // the row block's last chunk
-    if constexpr (P > 0) {
-      if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
-      form_own();
-      sync();  // chunk q is in and formed; everyone is done with chunk q-1's slot
-      // The row block's last chunk has read its slot: hand it back if the
-      // producers will fill it again (row block crb + 2).
-      if (last && crb + 2 < nlocal) bar_arrive(WS_EMPTY + slot, ALL);
-      if (lq < nq) load_next();
-      cp_async_commit();
-    } else {
-      if (!hook) form_own();
-      sync();  // chunk q is in (formed unless hooked); everyone is done with chunk q-1's slot
-      if (lq < nq) load_next();
-      cp_async_commit();
-      if (hook) {
-        a.tile(e0);  // every read of the previous row block is done (barrier above)
-        form_own();
-        sync();
-      }
-    }
-    mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
-    cst = cst + 1 == STAGES ? 0 : cst + 1;
-    if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
-      store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
-    }
-    if (P > 0 && last) ++crb;
-    cw.step(kt0, kt1, ct0, ct1);
-  }
-  cp_async_wait<0>();
-}
-
-// ---------------------------------------------------------------------------
-// Warp-specialised row-block GEMM (pipe: ws): the fused backward's core
-// where a row block's whole A operand fits in shared memory. A persistent
-// block owns row blocks as gemm_rowblock does, but its warps split: P
-// producer threads (threads 0..P-1) form each row block's A panel (a.
-// prologue: the per-row work; a.fill(s): segment s's columns), one row
-// block ahead, while the consumer threads run the GEMM from the panel, only
-// B streaming through their cp.async ring. Each segment's half of the panel
-// is handed over by named barriers: producers arrive on FULL(s) when it is
-// formed and wait on EMPTY(s) before forming the next row block's; consumers
-// wait on FULL(s) and arrive on EMPTY(s) after their last read. So the
-// per-row work runs beside the FFMA loop, not between its barriers. Each
-// output element still accumulates k ascending from zero (mma_stream), then
-// epi.
-
-
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int P, int SMEM_B, typename AOp,
-          typename Epi>
-__device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
-  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, C = TX * TY, ALL = P + C;
-  constexpr int B_STAGE = BK * BN;
-  static_assert(STAGES >= 2, "a ring of at least two chunks");
-  static_assert(P % 32 == 0 && C % 32 == 0, "whole warps on each side");
-  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
-  const i64 nrb = (E + BM - 1) / BM;
-  if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
-
-  if ((int)threadIdx.x < P) {
-    for (i64 rb = blockIdx.x; rb < nrb; rb += gridDim.x) {
-      const bool first = rb == (i64)blockIdx.x;
-      // The last row block's fills read the per-row buffers this rewrites.
-      if (!first) bar_sync(WS_PRODUCERS, P);
-      a.prologue(rb * BM, [] { bar_sync(WS_PRODUCERS, P); });
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        if (!first) bar_sync(WS_EMPTY + s, ALL);
-        a.fill(s, rb * BM);
-        bar_arrive(WS_FULL + s, ALL);
-      }
-    }
-    return;
-  }
-
-  const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
-  T* Bs = smem_at<T>(SMEM_B);
-  const T* panel = a.panel();
-  const int ps = a.panel_stride();
-  const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
-  const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
-  const i64 nq = ((nrb - 1 - blockIdx.x) / gridDim.x + 1) * (kt0 * ct0 + kt1 * ct1);
-  const ChunkCopy<T, BK, BN / W, C, BN> copy_b(tid);
-  const unsigned bs0 = smem_addr(Bs);
-
-  // B loader, STAGES - 1 chunks ahead: segment ls, column tile ln0, K chunk
-  // lkt (lb its first element); the walk repeats per row block.
-  int ls = 0, lkt = 0, ln0 = 0, lst = 0;
-  const T* lb = seg0.B;
-  i64 lq = 0;
-  auto load_next = [&]() {
-    const int N = ls ? seg1.N : seg0.N, n0 = ln0;
-    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), lb, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
-    lb += BK * N;
-    if (++lkt == (ls ? kt1 : kt0)) {
-      lkt = 0;
-      ln0 += BN;
-      if (ln0 >= N) {
-        ln0 = 0;
-        ls ^= 1;
-      }
-      lb = (ls ? seg1.B : seg0.B) + ln0;
-    }
-    lst = lst + 1 == STAGES ? 0 : lst + 1;
-    ++lq;
-  };
-
-  prime_ring<STAGES>(lq, nq, load_next);
-  T acc[TM][TN];
-  zero_acc(acc);
-
-  RowWalk cw{(i64)blockIdx.x, 0, 0, 0};
-  int cst = 0;
-  for (i64 q = 0; q < nq; ++q) {
-    const int kts = cw.s ? kt1 : kt0, cts = cw.s ? ct1 : ct0;
-    if (cw.ct == 0 && cw.kt == 0) bar_sync(WS_FULL + cw.s, ALL);  // this segment's panel is formed
-    cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
-    bar_sync(WS_CONSUMERS, C);    // everyone's have; everyone is done with chunk q-1's slot
-    if (lq < nq) load_next();
-    cp_async_commit();
-    const int off = cw.s ? seg1.off : seg0.off;
-    mma_stream<T, BM, BN, BK, TM, TN>(acc, panel + off + cw.kt * BK, ps, Bs + cst * B_STAGE, ty, tx);
-    cst = cst + 1 == STAGES ? 0 : cst + 1;
-    if (cw.kt == kts - 1) {
-      // The segment's last read of the panel: hand it back if another row block follows.
-      if (cw.ct == cts - 1 && cw.rb + gridDim.x < nrb) bar_arrive(WS_EMPTY + cw.s, ALL);
-      store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, cw.rb * BM, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
-    }
-    cw.step(kt0, kt1, ct0, ct1);
-  }
-  cp_async_wait<0>();
-}
-
-// ---------------------------------------------------------------------------
-// The compensated tensor-core core (PREC 1, tiles.yaml `precision: fp16x3`;
-// docs/PRECISION.md). gemm_stream's walk and ring, f32 operands in shared
-// memory as the exact path has them; each warp owns a 32 x 32 output tile
-// (2 x 4 m16n8 tiles of mma.sync.m16n8k16) and splits its own fragments in
-// registers: x -> head h = fp16(x) and tail l = fp16((x - h) 2^11), three
-// products per step (h h into one fragment; h l and l h into another), both
-// fresh per K chunk and folded into the fp32 result once per chunk as
-// (ph + pt 2^-11) 2^-x. A is scaled by a power of two per (row, K chunk),
-// 2^(11 - x) for a chunk row max of m 2^x, so its largest value lies in
-// [2^10, 2^11): the split keeps fp32 accuracy whatever the row's magnitude
-// (fp16's range alone loses it below ~1e-3 and overflows above 6.5e4).
-// B (the weights) is split unscaled: |w| up to 6.5e4 (beyond, the head is
-// inf and the outputs it touches NaN; below ~1e-4 a weight's tail is
-// subnormal: the runtime will check the weights' range before it serves the
-// mode). Every result is a function of the chunk's operands through one
-// instruction sequence, so any kernel running this core over the same K
-// chunks gets the same bits; the chunk width BLOCK_K is part of the
-// arithmetic (the scale and the fold are per chunk), so every fp16x3 tile
-// of a set has one BLOCK_K (checked by the spec).
+// The fp16x3 core (PREC 1): gemm_x3 below and the fused walk use it.
 namespace x3 {
 constexpr float TAIL = 2048.f, INV_TAIL = 1.f / 2048.f;
 
@@ -1258,6 +916,372 @@ __device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int
     }
 }
 }  // namespace x3
+
+// ---------------------------------------------------------------------------
+// Row-block streaming GEMM: the fused backward's core. A persistent block
+// owns whole row blocks (rb = blockIdx.x, blockIdx.x + gridDim.x, ...) and,
+// per row block, walks every column tile of both output segments (square
+// blocks: K == N per segment) through one cp.async ring that never drains,
+// exactly as gemm_stream does for one segment. So the per-row work the A
+// operand needs (gate recompute, gate-logit, scalar chain) runs once per
+// row block, not once per column tile, and its result stays in shared
+// memory for all of that row block's tiles: a.tile(e0) on the whole block
+// (pipe: stream; the ring keeps loading the row block's first chunks, their
+// weights: subtile 0's gz is gz_s, never copied, while it runs), or on
+// producer threads a row block ahead (pipe: split, P > 0: below). Each
+// output element still accumulates k ascending from zero (chunk by chunk,
+// mma_stream), then epi. PREC 1 (fp16x3): the same walk at x3's pitches,
+// each chunk through x3::chunk (gemm_x3's core, so the same products and
+// folds per output element as the relay's fp16x3 GEMM), stored by x3::store.
+
+// Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
+// order this thread's earlier shared-memory accesses before the barrier
+// completes, which is what a buffer handover needs.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+// FULL/EMPTY + segment (pipe: ws) or + per-row buffer slot (pipe: split).
+enum WsBarrier { WS_PRODUCERS = 1, WS_CONSUMERS = 2, WS_FULL = 3, WS_EMPTY = 5 };
+
+// One output segment: columns [off, off + N) of each row, from A columns
+// [off, off + N) times B (N x N, row-major).
+template <typename T>
+struct Seg {
+  const T* B;
+  int N, off;
+};
+
+// Position of a chunk in a block's walk: row block, segment, column tile, K
+// chunk; advanced without divisions. Per-segment values are picked by
+// selects, never by indexing an array with s (that puts the array in local
+// memory).
+struct RowWalk {
+  i64 rb;
+  int s, ct, kt;
+  __device__ __forceinline__ void step(int kt0, int kt1, int ct0, int ct1) {
+    if (++kt == (s ? kt1 : kt0)) {
+      kt = 0;
+      if (++ct == (s ? ct1 : ct0)) {
+        ct = 0;
+        if (++s == 2) {
+          s = 0;
+          rb += gridDim.x;
+        }
+      }
+    }
+  }
+};
+
+// Where a fused K chunk's gz comes from (AOp::chunk(c0)): a chunk lies in
+// one subtile (Cf % BK == 0), so one uniform choice per chunk replaces a
+// per-piece subtile test. replace: gz = the source (the scalar chain gz_s,
+// and the chunk's g is never loaded); else gz = op_gate(g, source), the
+// gates. The source is an element offset into shared memory, not a
+// pointer: a pointer picked by a select loses its address space, and the
+// loads became generic 64-bit ones (run 78 SASS).
+template <typename T>
+struct ChunkGz {
+  int src;  // the chunk's row 0, column 0: smem_at<T>(0)[src]
+  int ld;   // that buffer's row stride
+  bool replace;
+};
+
+// With P > 0 producer threads (pipe: split; threads 0..P-1) the per-row work
+// leaves the GEMM's warps: producers run it (a.produce(e0, slot)) for each
+// row block into one of two per-row buffer slots, one row block ahead, and
+// hand it over by named barriers (FULL(slot) when formed, EMPTY(slot) when
+// the consumers' last chunk of that row block has read it); the consumer
+// threads run the walk below, forming gz per chunk from the slot's buffers.
+// With P == 0 the whole block runs a.tile(e0) at each row block's first
+// chunk, between block barriers.
+
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B, int P, int PREC,
+          typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY, ALL = P + THREADS;
+  // padded rows of the row-major A chunk and the k-major B chunk
+  constexpr int AK = PREC ? x3::a_pitch(BK) : BK + W, BP = PREC ? x3::b_pitch(BN) : BN;
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BP;
+  static_assert(PREC == 0 || (TM == 8 && TN == 4 && BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0),
+                "fp16x3: one warp per 32 x 32 tile, whole m16n8k16 steps (checked by the spec)");
+  static_assert(STAGES >= 2, "a ring of at least two chunks");
+  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
+  static_assert(P % 32 == 0 && THREADS % 32 == 0, "whole warps on each side");
+  const i64 nrb = (E + BM - 1) / BM;
+  if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
+  // This block's row blocks: blockIdx.x, blockIdx.x + gridDim.x, ...
+  const i64 nlocal = (nrb - 1 - blockIdx.x) / gridDim.x + 1;
+  if constexpr (P > 0) {
+    if ((int)threadIdx.x < P) {
+      for (i64 i = 0; i < nlocal; ++i) {
+        const int slot = (int)(i & 1);
+        if (i >= 2) bar_sync(WS_EMPTY + slot, ALL);  // row block i - 2's chunks are formed
+        a.produce(((i64)blockIdx.x + i * gridDim.x) * BM, slot, [] { bar_sync(WS_PRODUCERS, P); });
+        bar_arrive(WS_FULL + slot, ALL);
+      }
+      return;
+    }
+  }
+  // The GEMM's threads: all of the block, or the consumers.
+  auto sync = [] {
+    if constexpr (P > 0) {
+      bar_sync(WS_CONSUMERS, THREADS);
+    } else {
+      __syncthreads();
+    }
+  };
+  T* As = smem_at<T>(SMEM_A);
+  T* Bs = smem_at<T>(SMEM_B);
+  const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
+  const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
+  const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
+  const i64 nq = nlocal * (kt0 * ct0 + kt1 * ct1);
+  const ChunkCopy<T, BK, BN / W, THREADS, BP> copy_b(tid);
+  const ChunkCopy<T, BM, BK / W, THREADS, AK> copy_a(tid);
+  const unsigned as0 = smem_addr(As), bs0 = smem_addr(Bs);
+  const int stride = a.stride();
+
+  // Loader walk, STAGES - 1 chunks ahead of the consumer: row block (la its
+  // first row, lrows its rows in range), segment, column tile n0, K chunk
+  // (lcol its A column, lb its first B element). Advanced by pointer bumps;
+  // multiplies only where a column tile, segment or row block changes.
+  i64 le0 = (i64)blockIdx.x * BM;
+  const T* la = a.row(le0);
+  int lrows = E - le0 < BM ? (int)(E - le0) : BM;
+  int ls = 0, lkt = 0, ln0 = 0, lcol = seg0.off, lst = 0;
+  const T* lb = seg0.B;
+  i64 lq = 0;
+  auto load_next = [&]() {
+    const int N = ls ? seg1.N : seg0.N, n0 = ln0;
+    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), lb, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
+    if (!a.computed(lcol)) {
+      const int rows = lrows;
+      copy_a.copy(as0 + lst * A_STAGE * (int)sizeof(T), la + lcol, stride, rows == BM,
+                  [&](int m, int) { return m < rows; });
+    }
+    lcol += BK;
+    lb += BK * N;
+    if (++lkt == (ls ? kt1 : kt0)) {
+      lkt = 0;
+      ln0 += BN;
+      if (ln0 >= N) {
+        ln0 = 0;
+        if (ls) {
+          le0 += (i64)gridDim.x * BM;
+          la = a.row(le0);
+          lrows = E - le0 < BM ? (int)(E - le0) : BM;
+        }
+        ls ^= 1;
+      }
+      lcol = ls ? seg1.off : seg0.off;
+      lb = (ls ? seg1.B : seg0.B) + ln0;
+    }
+    lst = lst + 1 == STAGES ? 0 : lst + 1;
+    ++lq;
+  };
+
+  prime_ring<STAGES>(lq, nq, load_next);
+  [[maybe_unused]] T acc[TM][TN];        // exact: thread (ty, tx)'s outputs
+  [[maybe_unused]] float acc3[2][4][4];  // fp16x3: warp (wm, wn)'s 32 x 32 tile
+  [[maybe_unused]] const int lane = tid % 32, wm = tid / 32 / (BN / 32), wn = tid / 32 % (BN / 32);
+  if constexpr (PREC == 0) {
+    zero_acc(acc);
+  } else {
+    zero_acc(acc3[0]);
+    zero_acc(acc3[1]);
+  }
+
+  RowWalk cw{(i64)blockIdx.x, 0, 0, 0};
+  int cst = 0;
+  i64 crb = 0;  // the row block's index in this block's walk (its slot: crb & 1)
+  for (i64 q = 0; q < nq; ++q) {
+    cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
+    T* as = As + cst * A_STAGE;
+    const i64 e0 = cw.rb * BM;
+    const int off = cw.s ? seg1.off : seg0.off;
+    const int slot = P > 0 ? (int)(crb & 1) : 0;  // pipe: stream has one buffer set
+    // Each thread forms gz in the pieces it copied (the loader's mapping):
+    // one barrier covers landing and forming; a row block's first chunk
+    // waits for the per-row work, which forming reads. Rows past E form
+    // finite values (zero g, zero gz_s) that no store reads.
+    auto form_own = [&]() {
+      const ChunkGz<T> c = a.chunk(off + cw.kt * BK, slot);
+      const T* src = smem_at<T>(0) + c.src;
+      copy_a.each([&](int, int m, int k) {
+        T x[W], y[W];
+        Vec<T>::load(src + m * c.ld + k, y);
+        if (!c.replace) {
+          Vec<T>::load(as + m * AK + k, x);
+#pragma unroll
+          for (int w = 0; w < W; ++w) y[w] = op_gate<T>(x[w], y[w]);
+        }
+        Vec<T>::store(as + m * AK + k, y);
+      });
+    };
+    const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
+    const bool last = cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1;  // the row block's last chunk
+    if constexpr (P > 0) {
+      if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
+      form_own();
+      sync();  // chunk q is in and formed; everyone is done with chunk q-1's slot
+      // The row block's last chunk has read its slot: hand it back if the
+      // producers will fill it again (row block crb + 2).
+      if (last && crb + 2 < nlocal) bar_arrive(WS_EMPTY + slot, ALL);
+      if (lq < nq) load_next();
+      cp_async_commit();
+    } else {
+      if (!hook) form_own();
+      sync();  // chunk q is in (formed unless hooked); everyone is done with chunk q-1's slot
+      if (lq < nq) load_next();
+      cp_async_commit();
+      if (hook) {
+        a.tile(e0);  // every read of the previous row block is done (barrier above)
+        form_own();
+        sync();
+      }
+    }
+    if constexpr (PREC == 0) {
+      mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
+    } else {
+      x3::chunk<BK, AK, BP>(acc3, as, Bs + cst * B_STAGE, wm, wn, lane);
+    }
+    cst = cst + 1 == STAGES ? 0 : cst + 1;
+    if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
+      if constexpr (PREC == 0) {
+        store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
+      } else {
+        auto at_off = [&](i64 e, int n, const float* v) { epi(e, off + n, v); };
+        x3::store(acc3, wm, wn, lane, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, at_off);
+      }
+    }
+    if (P > 0 && last) ++crb;
+    cw.step(kt0, kt1, ct0, ct1);
+  }
+  cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------
+// Warp-specialised row-block GEMM (pipe: ws): the fused backward's core
+// where a row block's whole A operand fits in shared memory. A persistent
+// block owns row blocks as gemm_rowblock does, but its warps split: P
+// producer threads (threads 0..P-1) form each row block's A panel (a.
+// prologue: the per-row work; a.fill(s): segment s's columns), one row
+// block ahead, while the consumer threads run the GEMM from the panel, only
+// B streaming through their cp.async ring. Each segment's half of the panel
+// is handed over by named barriers: producers arrive on FULL(s) when it is
+// formed and wait on EMPTY(s) before forming the next row block's; consumers
+// wait on FULL(s) and arrive on EMPTY(s) after their last read. So the
+// per-row work runs beside the FFMA loop, not between its barriers. Each
+// output element still accumulates k ascending from zero (mma_stream), then
+// epi.
+
+
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int P, int SMEM_B, typename AOp,
+          typename Epi>
+__device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
+  constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, C = TX * TY, ALL = P + C;
+  constexpr int B_STAGE = BK * BN;
+  static_assert(STAGES >= 2, "a ring of at least two chunks");
+  static_assert(P % 32 == 0 && C % 32 == 0, "whole warps on each side");
+  static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
+  const i64 nrb = (E + BM - 1) / BM;
+  if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
+
+  if ((int)threadIdx.x < P) {
+    for (i64 rb = blockIdx.x; rb < nrb; rb += gridDim.x) {
+      const bool first = rb == (i64)blockIdx.x;
+      // The last row block's fills read the per-row buffers this rewrites.
+      if (!first) bar_sync(WS_PRODUCERS, P);
+      a.prologue(rb * BM, [] { bar_sync(WS_PRODUCERS, P); });
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        if (!first) bar_sync(WS_EMPTY + s, ALL);
+        a.fill(s, rb * BM);
+        bar_arrive(WS_FULL + s, ALL);
+      }
+    }
+    return;
+  }
+
+  const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
+  T* Bs = smem_at<T>(SMEM_B);
+  const T* panel = a.panel();
+  const int ps = a.panel_stride();
+  const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
+  const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
+  const i64 nq = ((nrb - 1 - blockIdx.x) / gridDim.x + 1) * (kt0 * ct0 + kt1 * ct1);
+  const ChunkCopy<T, BK, BN / W, C, BN> copy_b(tid);
+  const unsigned bs0 = smem_addr(Bs);
+
+  // B loader, STAGES - 1 chunks ahead: segment ls, column tile ln0, K chunk
+  // lkt (lb its first element); the walk repeats per row block.
+  int ls = 0, lkt = 0, ln0 = 0, lst = 0;
+  const T* lb = seg0.B;
+  i64 lq = 0;
+  auto load_next = [&]() {
+    const int N = ls ? seg1.N : seg0.N, n0 = ln0;
+    copy_b.copy(bs0 + lst * B_STAGE * (int)sizeof(T), lb, N, n0 + BN <= N, [&](int, int n) { return n0 + n < N; });
+    lb += BK * N;
+    if (++lkt == (ls ? kt1 : kt0)) {
+      lkt = 0;
+      ln0 += BN;
+      if (ln0 >= N) {
+        ln0 = 0;
+        ls ^= 1;
+      }
+      lb = (ls ? seg1.B : seg0.B) + ln0;
+    }
+    lst = lst + 1 == STAGES ? 0 : lst + 1;
+    ++lq;
+  };
+
+  prime_ring<STAGES>(lq, nq, load_next);
+  T acc[TM][TN];
+  zero_acc(acc);
+
+  RowWalk cw{(i64)blockIdx.x, 0, 0, 0};
+  int cst = 0;
+  for (i64 q = 0; q < nq; ++q) {
+    const int kts = cw.s ? kt1 : kt0, cts = cw.s ? ct1 : ct0;
+    if (cw.ct == 0 && cw.kt == 0) bar_sync(WS_FULL + cw.s, ALL);  // this segment's panel is formed
+    cp_async_wait<STAGES - 2>();  // this thread's copies of chunk q have landed
+    bar_sync(WS_CONSUMERS, C);    // everyone's have; everyone is done with chunk q-1's slot
+    if (lq < nq) load_next();
+    cp_async_commit();
+    const int off = cw.s ? seg1.off : seg0.off;
+    mma_stream<T, BM, BN, BK, TM, TN>(acc, panel + off + cw.kt * BK, ps, Bs + cst * B_STAGE, ty, tx);
+    cst = cst + 1 == STAGES ? 0 : cst + 1;
+    if (cw.kt == kts - 1) {
+      // The segment's last read of the panel: hand it back if another row block follows.
+      if (cw.ct == cts - 1 && cw.rb + gridDim.x < nrb) bar_arrive(WS_EMPTY + cw.s, ALL);
+      store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, cw.rb * BM, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
+    }
+    cw.step(kt0, kt1, ct0, ct1);
+  }
+  cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------
+// The compensated tensor-core core (PREC 1, tiles.yaml `precision: fp16x3`;
+// docs/PRECISION.md). gemm_stream's walk and ring, f32 operands in shared
+// memory as the exact path has them; each warp owns a 32 x 32 output tile
+// (2 x 4 m16n8 tiles of mma.sync.m16n8k16) and splits its own fragments in
+// registers: x -> head h = fp16(x) and tail l = fp16((x - h) 2^11), three
+// products per step (h h into one fragment; h l and l h into another), both
+// fresh per K chunk and folded into the fp32 result once per chunk as
+// (ph + pt 2^-11) 2^-x. A is scaled by a power of two per (row, K chunk),
+// 2^(11 - x) for a chunk row max of m 2^x, so its largest value lies in
+// [2^10, 2^11): the split keeps fp32 accuracy whatever the row's magnitude
+// (fp16's range alone loses it below ~1e-3 and overflows above 6.5e4).
+// B (the weights) is split unscaled: |w| up to 6.5e4 (beyond, the head is
+// inf and the outputs it touches NaN; below ~1e-4 a weight's tail is
+// subnormal: the runtime will check the weights' range before it serves the
+// mode). Every result is a function of the chunk's operands through one
+// instruction sequence, so any kernel running this core over the same K
+// chunks gets the same bits; the chunk width BLOCK_K is part of the
+// arithmetic (the scale and the fold are per chunk), so every fp16x3 tile
+// of a set has one BLOCK_K (checked by the spec).
 
 // C = epi(A @ B) by the fp16x3 core on stream_walk (gemm_stream's walk and
 // ring, at x3's pitches): (BM / 32) x (BN / 32) warps, each a 32 x 32 tile

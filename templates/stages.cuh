@@ -613,7 +613,7 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
                                           T* __restrict__ g_next, i64 E, int L) {
   static_assert(PIPE == 2 || PIPE == 3 || PIPE == 4, "the fused backward streams (pipe: stream, ws or split)");
   static_assert(CF % BK == 0, "a K chunk lies in one subtile");
-  static_assert(PREC == 0, "the fused backward is exact only (so far)");
+  static_assert(PREC == 0 || PIPE != 3, "fp16x3 fused tiles walk rows (pipe: stream or split), not the ws panel");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;
@@ -631,7 +631,7 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
     constexpr int P = PIPE == 4 ? S::producers : 0, ROW_THREADS = P ? P : (BM / TM) * (BN / TN);
     GzRows<T, CF, BM, ROW_THREADS, S> a{
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
-    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile, P>(E, seg0, seg1, a, epi);
+    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile, P, PREC>(E, seg0, seg1, a, epi);
   }
 }
 

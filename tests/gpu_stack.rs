@@ -799,8 +799,8 @@ fn x3_fwd() -> ForwardOptions {
 /// The mode against the fp64 reference at relative L2 1e-6 on every output
 /// (issue 20's contract), activations and output gradients scaled from 1e-3
 /// to 1e2, E = 1 and E not a multiple of any row block, outputs poisoned.
-/// The fused path requested in the mode takes the relay (no fused fp16x3
-/// kernels yet) and says so; it gives the relay's bits.
+/// In the mode every fused fp16x3 tile gives the relay's bits (Cf < 96;
+/// above, the relay runs and says why).
 #[test]
 fn fp16x3_matches_reference() {
     let name = "fp16x3_matches_reference";
@@ -840,9 +840,26 @@ fn fp16x3_matches_reference() {
         }
         let fused = BackwardOptions::fused().with_precision(Precision::Fp16x3);
         let f = run_with(&g, &st, &p, &x3_fwd(), &fused).unwrap();
-        assert_eq!(f.decision.path, Path::Relay, "{what}");
-        assert_eq!(f.decision.reason, Reason::Precision(Precision::Fp16x3), "{what}");
-        assert_same_bits(&what, &f, &relay);
+        assert_eq!(f.decision.precision, Precision::Fp16x3, "{what}");
+        if (p.shape.cf as u32) < FUSED_CF_LIMIT {
+            assert_eq!(f.decision.path, Path::Fused, "{what}: {}", f.decision);
+            let (cf, lmax) = (p.shape.cf as u32, p.shape.lmax as u32);
+            let tiles =
+                st.dispatch().with_precision(Precision::Fp16x3).candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
+            assert!(!tiles.is_empty());
+            for k in tiles {
+                let opts = fused.clone().with_tiles(TileOverride::new().with(Stage::BwdFused, k.name));
+                st.set_profiling(true);
+                let t = run_with(&g, &st, &p, &x3_fwd(), &opts).unwrap();
+                assert!(st.timings().unwrap().iter().any(|r| r.kernel == k.name), "{} ran", k.name);
+                st.set_profiling(false);
+                assert_eq!(t.decision.path, Path::Fused);
+                assert_same_bits(&format!("{what}: fused {} against the relay", k.name), &t, &relay);
+            }
+        } else {
+            assert_eq!(f.decision.path, Path::Relay, "{what}");
+            assert_same_bits(&what, &f, &relay);
+        }
         // The exact mode on the same stack is unchanged by the mode's calls.
         let exact = run_with(
             &g,

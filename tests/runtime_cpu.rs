@@ -971,9 +971,9 @@ fn precision_from_env_reads_at_each_call() {
 }
 
 /// In fp16x3 the GEMM stages take that mode's kernels and the row stages
-/// exact ones; the fused backward falls back to the relay saying why; a
-/// mode without kernels for the call is a typed error; an override of the
-/// other mode's kernel is refused.
+/// exact ones, the fused backward its fp16x3 tiles; a mode without kernels
+/// for the call is a typed error; an override of the other mode's kernel is
+/// refused.
 #[test]
 fn fp16x3_mode_dispatch() {
     let (cf, lmax) = (32u32, 3u32);
@@ -1009,8 +1009,17 @@ fn fp16x3_mode_dispatch() {
     }
     assert!(gemm_stages >= 4, "fwd_m0, fwd_m1, fwd_final, bwd_final, bwd_gemm run in the mode");
     let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, true);
-    assert_eq!((d.path, d.reason, d.precision), (Path::Relay, Reason::Precision(Precision::Fp16x3), Precision::Fp16x3));
-    assert!(d.to_string().starts_with("relay in fp16x3 ("), "{d}");
+    assert_eq!((d.path, d.reason, d.precision), (Path::Fused, Reason::Requested, Precision::Fp16x3));
+    assert!(d.to_string().starts_with("fused in fp16x3 ("), "{d}");
+    let fused = x3.select(Stage::BwdFused, Dtype::F32, cf, lmax, &none).unwrap();
+    assert_eq!(fused.geometry.precision(), Precision::Fp16x3, "{}", fused.name);
+    // the mode's chunk width is one: fused and relay fp16x3 tiles share block_k
+    let bk = |e: &KernelEntry| match e.geometry {
+        Geometry::Gemm { block_k, .. } => block_k,
+        Geometry::Rows { .. } => 0,
+    };
+    let relay_gemm = x3.select(Stage::BwdGemm, Dtype::F32, cf, lmax, &none).unwrap();
+    assert_eq!(bk(fused), bk(relay_gemm));
     let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, false);
     assert_eq!((d.reason, d.precision), (Reason::NotRequested, Precision::Fp16x3));
     assert_eq!(exact.decide_backward_path_at(Dtype::F32, cf, lmax, true).precision, Precision::Exact);
@@ -1027,4 +1036,31 @@ fn fp16x3_mode_dispatch() {
         other => panic!("{other:?}"),
     }
     exact.with_arch(Arch::Sm80).check_precision(Dtype::F64, cf).unwrap();
+}
+
+/// A build whose fp16x3 tiles serve the relay only: the fused request in the
+/// mode takes the relay, and the decision says why (and in which mode).
+#[test]
+fn fused_without_kernels_of_the_mode_takes_the_relay() {
+    let x3 = |g: Geometry| match g {
+        Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, .. } => {
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision: Precision::Fp16x3 }
+        }
+        rows => rows,
+    };
+    let mut t = relay_entries(Dtype::F32, 32);
+    let extra: Vec<KernelEntry> = t
+        .iter()
+        .filter(|e| matches!(e.geometry, Geometry::Gemm { .. }))
+        .map(|e| entry(e.stage, e.dtype, e.cf, x3(e.geometry), true, false))
+        .collect();
+    t.extend(extra);
+    t.push(entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 64, 32, 8, 4), true, true));
+    let d = Dispatch::new(&t).with_precision(Precision::Fp16x3);
+    d.check_precision(Dtype::F32, 32).unwrap();
+    let dec = d.decide_backward_path_at(Dtype::F32, 32, 3, true);
+    assert_eq!((dec.path, dec.reason), (Path::Relay, Reason::Precision(Precision::Fp16x3)));
+    assert!(dec.to_string().contains("no fp16x3 kernels"), "{dec}");
+    // the exact mode over the same table takes its fused tile
+    assert_eq!(Dispatch::new(&t).decide_backward_path_at(Dtype::F32, 32, 3, true).path, Path::Fused);
 }

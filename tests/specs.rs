@@ -493,7 +493,7 @@ fn fp16x3_tiles_outside_what_the_core_is_written_for_are_refused_where_written()
         t.replacen(&line, &line.replacen("pipe: stream", "pipe: async", 1), 1)
     });
     assert!(load_err(&dir).contains("pipe stream"));
-    // The chunk width is part of the arithmetic: one block_k per set.
+    // The chunk width is part of the arithmetic: one block_k for every fp16x3 tile.
     let dir = specs_with("tiles.yaml", |t| {
         let line = x3_line(t);
         let other = line.replacen("block_k: 32", "block_k: 64", 1).replacen("stages: 3", "stages: 2", 1);
@@ -551,14 +551,31 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
 }
 
 #[test]
-fn the_fused_backward_takes_no_fp16x3_tile_yet() {
+fn fused_fp16x3_tiles_share_the_relays_chunk_width() {
+    use mixstack::kinds::Precision;
+    // The built set: fused fp16x3 instances exist, at the relay's block_k.
+    let s = spec::load(&crate_dir().join("specs")).unwrap();
+    let exp = expand(&s, None).unwrap();
+    let bk = |g: &mixstack::kinds::Geometry| match *g {
+        mixstack::kinds::Geometry::Gemm { block_k, .. } => block_k,
+        mixstack::kinds::Geometry::Rows { .. } => 0,
+    };
+    let x3: Vec<_> = exp.instances.iter().filter(|i| i.geometry.precision() == Precision::Fp16x3).collect();
+    assert!(x3.iter().any(|i| i.stage == Stage::BwdFused), "fused fp16x3 instances are built");
+    assert!(x3.iter().all(|i| bk(&i.geometry) == bk(&x3[0].geometry)), "one chunk width");
+    // A fused fp16x3 tile of another block_k is refused, naming the first.
     let dir = specs_with("tiles.yaml", |t| {
         let line = x3_line(t);
-        let fused = line.replace("cf: [32, 64, 96, 128]", "cf: [32, 64]");
+        let fused = line.replace("cf: [32, 64, 96, 128]", "cf: [32, 64]").replacen("block_k: 32", "block_k: 16", 1);
         t.replacen("  fused:\n", &format!("  fused:\n{fused}\n"), 1)
     });
-    let s = spec::load(&dir).unwrap();
-    let exp = expand(&s, None).unwrap();
-    let p = exp.pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused") && p.name.ends_with("_x3")).expect("pruned");
-    assert!(p.reason.contains("no fp16x3 walk"), "{}", p.reason);
+    let e = load_err(&dir);
+    assert!(e.contains("one block_k") && e.contains("as gemm.fused[0]"), "{e}");
+    // ... and one on the ws panel, which the core does not walk.
+    let dir = specs_with("tiles.yaml", |t| {
+        let line = x3_line(t);
+        let fused = line.replace("cf: [32, 64, 96, 128]", "cf: [32, 64]").replacen("pipe: stream", "pipe: ws", 1);
+        t.replacen("  fused:\n", &format!("  fused:\n{fused}\n"), 1)
+    });
+    assert!(load_err(&dir).contains("pipe stream (or split, fused)"));
 }

@@ -166,10 +166,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
-    if let Geometry::Gemm { block_k, pipe, precision, .. } = *g {
-        if variant == Variant::Fused && precision != crate::kinds::Precision::Exact {
-            return Some(format!("the fused backward has no {precision} walk yet: its tiles are exact"));
-        }
+    if let Geometry::Gemm { block_k, pipe, .. } = *g {
         if variant == Variant::Fused && !pipe.persistent() {
             return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
         }

@@ -477,6 +477,8 @@ impl Specs {
 
     fn validate_tiles(&self) -> Result<(), SpecError> {
         use bounds::{MIN_BLOCKS, PER_THREAD, THREADS, TILE};
+        // The first fp16x3 tile: (set, index, block_k).
+        let mut first_x3: Option<(&str, usize, BlockK)> = None;
         for (set, tiles) in &self.tiles.gemm {
             for (i, t) in tiles.iter().enumerate() {
                 let field = |f: &str| format!("gemm.{set}[{i}].{f}");
@@ -508,16 +510,16 @@ impl Specs {
                 if t.precision == Precision::Fp16x3 {
                     self.fp16x3_tile(&field, t)?;
                     // The chunk width is part of the mode's arithmetic (a
-                    // scale and a fold per chunk): one per set, so that any
-                    // of its tiles gives the same bits.
-                    let first = tiles.iter().position(|u| u.precision == Precision::Fp16x3).unwrap_or(i);
-                    if tiles[first].block_k != t.block_k {
+                    // scale and a fold per chunk): one for every fp16x3 tile,
+                    // so that any of them, relay or fused, gives the same bits.
+                    let (fs, fi, fk) = *first_x3.get_or_insert((set.as_str(), i, t.block_k));
+                    if fk != t.block_k {
                         return Err(self.invalid(
                             "tiles.yaml",
                             field("block_k"),
                             format!(
-                                "precision fp16x3: every fp16x3 tile of gemm.{set} must have one block_k (its results depend on it), as gemm.{set}[{first}] (line {})",
-                                self.line_of("tiles.yaml", &format!("gemm.{set}[{first}]"))
+                                "precision fp16x3: every fp16x3 tile must have one block_k (the mode's chunk width: relay and fused give the same bits only with one), as gemm.{fs}[{fi}] (line {})",
+                                self.line_of("tiles.yaml", &format!("gemm.{fs}[{fi}]"))
                             ),
                         ));
                     }
@@ -591,8 +593,9 @@ impl Specs {
         self.validate_defaults()
     }
 
-    /// What the fp16x3 core (templates/core.cuh: gemm_x3) is written for:
-    /// f32 operands, the persistent cp.async ring (pipe: stream), one warp
+    /// What the fp16x3 core (templates/core.cuh: x3::chunk) is written for:
+    /// f32 operands, a persistent cp.async ring (pipe: stream; the fused
+    /// backward's split walk too), one warp
     /// per 32 x 32 output tile (tm 8 x tn 4 outputs per thread) and whole
     /// m16n8k16 steps per K chunk.
     fn fp16x3_tile(&self, field: &dyn Fn(&str) -> String, t: &GemmTileSpec) -> Result<(), SpecError> {
@@ -600,8 +603,8 @@ impl Specs {
         if t.dtypes != [Dtype::F32] {
             return bad("dtypes", "the compensated products take f32 operands: dtypes [f32]");
         }
-        if t.pipe != Pipe::Stream {
-            return bad("pipe", "the core runs on the persistent ring: pipe stream");
+        if !matches!(t.pipe, Pipe::Stream | Pipe::Split) {
+            return bad("pipe", "the core runs on the persistent ring: pipe stream (or split, fused)");
         }
         for (f, v, want) in [("tm", t.tm, 8), ("tn", t.tn, 4)] {
             if v != want {
