@@ -73,7 +73,7 @@ for p in ${BENCH:-}; do
 done
 for p in ${PREC_BENCH:-}; do
   # issue 20: both precision modes, relay and fused, interleaved in one bench
-  .device/mixstack bench --preset "$p" --reps "${REPS:-10}" --precision exact --precision fp16x3 \
+  timeout "${PREC_S:-90}" .device/mixstack bench --preset "$p" --reps "${REPS:-10}" --precision exact --precision fp16x3 \
     --variant relay --variant fused > "$OUT/r/prec_bench_$p.out" 2>&1
   echo "precision bench $p rc=$?"; grep -vE "^    fwd_|^scratch" "$OUT/r/prec_bench_$p.out"
 done
