@@ -34,9 +34,9 @@ impl ScratchCap {
     pub fn resolve(self, device_bytes: u64) -> Result<u64, MixError> {
         match self {
             ScratchCap::Bytes(b) => Ok(b),
-            ScratchCap::FromEnv => match std::env::var_os(SCRATCH_CAP_ENV) {
+            ScratchCap::FromEnv => match super::switch::read_env(SCRATCH_CAP_ENV, CAP_SPELLINGS)? {
                 None => Ok(device_bytes / DEFAULT_CAP_DIVISOR),
-                Some(v) => parse_cap(&v.to_string_lossy()),
+                Some(v) => parse_cap(&v),
             },
         }
     }

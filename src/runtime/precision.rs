@@ -7,6 +7,7 @@
 //! (docs/PRECISION.md); dispatch's rule for that is `Dispatch::with_precision`.
 
 use super::error::MixError;
+use super::switch::read_env;
 use super::table::Precision;
 
 /// The environment variable that selects the mode.
@@ -31,13 +32,7 @@ impl PrecisionMode {
     pub fn resolve(self) -> Result<Precision, MixError> {
         match self {
             PrecisionMode::Set(p) => Ok(p),
-            PrecisionMode::FromEnv => match std::env::var_os(PRECISION_ENV) {
-                None => parse_precision(None),
-                Some(v) => match v.to_str() {
-                    Some(s) => parse_precision(Some(s)),
-                    None => Err(invalid(&v.to_string_lossy())),
-                },
-            },
+            PrecisionMode::FromEnv => parse_precision(read_env(PRECISION_ENV, PRECISION_SPELLINGS)?.as_deref()),
         }
     }
 }

@@ -33,13 +33,7 @@ impl FusedMode {
         match self {
             FusedMode::On => Ok(true),
             FusedMode::Off => Ok(false),
-            FusedMode::FromEnv => match std::env::var_os(FUSED_ENV) {
-                None => parse_switch(None),
-                Some(v) => match v.to_str() {
-                    Some(s) => parse_switch(Some(s)),
-                    None => Err(invalid(&v.to_string_lossy())),
-                },
-            },
+            FusedMode::FromEnv => parse_switch(read_env(FUSED_ENV, SWITCH_SPELLINGS)?.as_deref()),
         }
     }
 }
@@ -54,6 +48,20 @@ pub fn parse_switch(value: Option<&str>) -> Result<bool, MixError> {
         "1" | "true" | "on" | "yes" => Ok(true),
         "" | "0" | "false" | "off" | "no" => Ok(false),
         _ => Err(invalid(raw)),
+    }
+}
+
+/// The value of `variable` now (`None`: unset), for the variables read at
+/// each call; one that is not UTF-8 is [`MixError::InvalidSwitch`] listing
+/// what `allowed` says.
+pub(crate) fn read_env(variable: &'static str, allowed: &'static str) -> Result<Option<String>, MixError> {
+    match std::env::var_os(variable) {
+        None => Ok(None),
+        Some(v) => v.into_string().map(Some).map_err(|v| MixError::InvalidSwitch {
+            variable,
+            value: v.to_string_lossy().into_owned(),
+            allowed,
+        }),
     }
 }
 
