@@ -7,7 +7,7 @@ import glob
 import os
 import threading
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIB_NAME = "libmixstack.so"
 
 # include/mixstack.h
