@@ -1084,7 +1084,8 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   prime_ring<STAGES>(lq, nq, load_next);
   [[maybe_unused]] T acc[TM][TN];        // exact: thread (ty, tx)'s outputs
   [[maybe_unused]] float acc3[2][4][4];  // fp16x3: warp (wm, wn)'s 32 x 32 tile
-  [[maybe_unused]] const int lane = tid % 32, wm = tid / 32 / (BN / 32), wn = tid / 32 % (BN / 32);
+  constexpr int WN = BN >= 32 ? BN / 32 : 1;  // warp tiles across (fp16x3: BN % 32 == 0)
+  [[maybe_unused]] const int lane = tid % 32, wm = tid / 32 / WN, wn = tid / 32 % WN;
   if constexpr (PREC == 0) {
     zero_acc(acc);
   } else {
@@ -1276,12 +1277,12 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
 // (fp16's range alone loses it below ~1e-3 and overflows above 6.5e4).
 // B (the weights) is split unscaled: |w| up to 6.5e4 (beyond, the head is
 // inf and the outputs it touches NaN; below ~1e-4 a weight's tail is
-// subnormal: the runtime will check the weights' range before it serves the
-// mode). Every result is a function of the chunk's operands through one
+// subnormal; the runtime checks a stack's own weights against the range).
+// Every result is a function of the chunk's operands through one
 // instruction sequence, so any kernel running this core over the same K
-// chunks gets the same bits; the chunk width BLOCK_K is part of the
-// arithmetic (the scale and the fold are per chunk), so every fp16x3 tile
-// of a set has one BLOCK_K (checked by the spec).
+// chunks gets the same bits (gemm_x3 and the fused gemm_rowblock); the
+// chunk width BLOCK_K is part of the arithmetic (the scale and the fold
+// are per chunk), so every fp16x3 tile has one BLOCK_K (checked by the spec).
 
 // C = epi(A @ B) by the fp16x3 core on stream_walk (gemm_stream's walk and
 // ring, at x3's pitches): (BM / 32) x (BN / 32) warps, each a 32 x 32 tile

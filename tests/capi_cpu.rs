@@ -785,6 +785,50 @@ fn gpu_double_destroy_and_use_after_destroy_are_refused() {
     stream.synchronize().unwrap();
 }
 
+/// The precision of a live handle: set, run, read back. fp16x3 runs where
+/// the device's build serves it and is refused as unsupported elsewhere; a
+/// bad code is refused and leaves the handle's mode as it was.
+#[test]
+fn gpu_precision_is_set_run_and_reported() {
+    let Some((ctx, stream)) = gpu("gpu_precision_is_set_run_and_reported") else {
+        return;
+    };
+    let cc = mixstack::runtime::device::compute_capability(&ctx).unwrap();
+    let serves = Dispatch::builtin()
+        .for_device(cc)
+        .unwrap()
+        .with_precision(mixstack::runtime::Precision::Fp16x3)
+        .check_precision(mixstack::kinds::Dtype::F32, SHAPE.1 as u32)
+        .is_ok();
+    let io = Io::new(&stream);
+    let h = create_real(&stream);
+    let last = || {
+        let (mut f, mut b): (c_int, c_int) = (77, 77);
+        assert_eq!(unsafe { mixstack_last_precision(h, &mut f, &mut b) }, 0, "{}", last_error());
+        (f, b)
+    };
+    assert_eq!(last(), (0, 0), "nothing ran yet");
+    assert_eq!(unsafe { mixstack_set_precision(h, MIXSTACK_PRECISION_EXACT) }, 0, "{}", last_error());
+    assert_eq!(io.forward(&stream, h), 0, "{}", last_error());
+    assert_eq!(last(), (MIXSTACK_PRECISION_EXACT, 0));
+    assert_eq!(unsafe { mixstack_set_precision(h, MIXSTACK_PRECISION_FP16X3) }, 0, "{}", last_error());
+    let rc = io.forward(&stream, h);
+    if serves {
+        assert_eq!(rc, 0, "{}", last_error());
+        assert_eq!(last().0, MIXSTACK_PRECISION_FP16X3);
+    } else {
+        assert_fails(rc, mixstack_status::MIXSTACK_ERR_UNSUPPORTED, &last_error(), &["fp16x3"]);
+    }
+    let rc = unsafe { mixstack_set_precision(h, 7) };
+    assert_fails(rc, mixstack_status::MIXSTACK_ERR_BAD_ARGUMENT, &last_error(), &["precision code 7"]);
+    if serves {
+        assert_eq!(io.forward(&stream, h), 0, "{}", last_error());
+        assert_eq!(last().0, MIXSTACK_PRECISION_FP16X3, "a refused code changes nothing");
+    }
+    unsafe { mixstack_stack_destroy(h) };
+    stream.synchronize().unwrap();
+}
+
 #[test]
 fn gpu_destroy_racing_calls_on_another_thread_stays_safe() {
     // Against the header's rule (destroy while another thread is in a call),

@@ -329,14 +329,26 @@ impl<'t> Dispatch<'t> {
             return Err(refuse(format!("the {p} kernels are f32 only")));
         }
         let ok = |e: &&KernelEntry| e.dtype == dtype && e.cf == cf && e.accepted && e.geometry.precision() == p;
-        if self.here().any(|e| ok(&e)) {
+        // Every relay GEMM stage with exact kernels for the key needs one of
+        // the mode's (the fused stage may lack them: the relay runs then).
+        let gemm_stages: BTreeSet<Stage> = self
+            .here()
+            .filter(|e| e.dtype == dtype && e.cf == cf && !is_fused_stage(e.stage))
+            .filter(|e| matches!(e.geometry, Geometry::Gemm { .. }))
+            .map(|e| e.stage)
+            .collect();
+        let missing: Vec<&str> =
+            gemm_stages.iter().filter(|&&s| !self.here().any(|e| e.stage == s && ok(&e))).map(|s| s.as_str()).collect();
+        if missing.is_empty() {
             return Ok(());
         }
         let archs: BTreeSet<&str> = self.entries.iter().filter(ok).map(|e| e.arch.as_str()).collect();
         Err(refuse(if archs.is_empty() {
             format!("no accepted {p} kernel is built for it (tiles.yaml `precision: {p}`)")
-        } else {
+        } else if !self.here().any(|e| ok(&e)) {
             format!("its {p} kernels are built for {} only", archs.into_iter().collect::<Vec<_>>().join(", "))
+        } else {
+            format!("no accepted {p} kernel for {}", missing.join(", "))
         }))
     }
     /// Serve a device of compute capability `cc` (major * 10 + minor): the

@@ -390,7 +390,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
     })?;
     let mut backward = Vec::new();
     let mut firsts: Vec<(usize, Vec<Vec<f32>>)> = Vec::new();
-    let (mut any_fused, mut all_equal) = (false, true);
+    let (mut any_fused, mut all_equal, mut compared) = (false, true, false);
     for (v, (label, opts)) in variants.iter().enumerate() {
         stack.set_profiling(true);
         let (gu, ga, d) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts)?;
@@ -406,7 +406,10 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 }
                 firsts.push((v, got));
             }
-            Some((_, f)) => all_equal &= bitwise_equal(f, &got),
+            Some((_, f)) => {
+                compared = true;
+                all_equal &= bitwise_equal(f, &got)
+            }
         }
         backward.push(summarise(
             label,
@@ -421,18 +424,13 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     drop(firsts);
     // Every variant against its mode's first (all must agree bit for bit).
-    let bitwise = (any_fused && variants.len() > modes.len()).then_some(all_equal);
+    let bitwise = (any_fused && compared).then_some(all_equal);
 
     for t in &forward_variants {
         print_timing(t);
     }
-    for t in forward_variants.iter().skip(1) {
-        println!(
-            "{} / {} forward median: {:.3}",
-            t.label,
-            forward_variants[0].label,
-            t.median_ms / forward_variants[0].median_ms
-        );
+    for (t, base) in against_firsts(&forward_variants) {
+        println!("{} / {} forward median: {:.3}", t.label, base.label, t.median_ms / base.median_ms);
     }
     if let Some(b) = forward_bitwise {
         println!(
@@ -447,13 +445,13 @@ pub fn run(args: &BenchArgs) -> CliResult {
     for a in &accuracies {
         print_accuracy(a);
     }
-    for t in backward.iter().skip(1) {
-        println!("{} / {} backward median: {:.3}", t.label, backward[0].label, t.median_ms / backward[0].median_ms);
-        if let Some((fused, gemm)) = gated_layer_times(&backward[0].per_kernel, &t.per_kernel, w.n_layers - 1) {
+    for (t, base) in against_firsts(&backward) {
+        println!("{} / {} backward median: {:.3}", t.label, base.label, t.median_ms / base.median_ms);
+        if let Some((fused, gemm)) = gated_layer_times(&base.per_kernel, &t.per_kernel, w.n_layers - 1) {
             println!(
                 "per gated layer: {} bwd_fused {fused:.3} ms / {} bwd_gemm {gemm:.3} ms = {:.3}",
                 t.label,
-                backward[0].label,
+                base.label,
                 fused / gemm
             );
         }
@@ -505,6 +503,22 @@ pub fn run(args: &BenchArgs) -> CliResult {
         return Err("forward variants are not bitwise equal".into());
     }
     Ok(())
+}
+
+/// The pairs a ratio is printed for: each variant against its own mode's
+/// first, and each mode's variants against the first mode's first.
+fn against_firsts(ts: &[Timing]) -> Vec<(&Timing, &Timing)> {
+    let mut out = Vec::new();
+    for (i, t) in ts.iter().enumerate().skip(1) {
+        let own = ts.iter().position(|x| x.precision == t.precision).unwrap_or(0);
+        if own != i {
+            out.push((t, &ts[own]));
+        }
+        if t.precision != ts[0].precision {
+            out.push((t, &ts[0]));
+        }
+    }
+    out
 }
 
 /// Same length and the same bit pattern in every element of every buffer.
