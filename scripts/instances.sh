@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The accepted exact f32 instances of one stage at one Cf (the runtime serves
-# the exact mode only, so far), a name a line, each once
+# The accepted exact f32 instances of one stage at one Cf (the fused tile
+# scripts compare the exact mode's tiles), a name a line, each once
 # (the report has a row per arch), in the report's order, those whose names
 # MATCH (a regex) keeps. Over the staged binary (.device/mixstack).
 #   scripts/instances.sh STAGE CF

@@ -601,10 +601,48 @@ fn print_timing(t: &Timing) {
 
 #[cfg(test)]
 mod tests {
-    use super::gated_layer_times;
+    use super::{against_firsts, gated_layer_times, Precision, Timing};
 
     fn k(stage: &str, ms: f64) -> (String, String, f64) {
         (stage.to_string(), format!("ms_{stage}"), ms)
+    }
+
+    fn t(label: &str, precision: Precision) -> Timing {
+        Timing {
+            label: label.into(),
+            path: "relay".into(),
+            precision,
+            median_ms: 1.0,
+            min_ms: 1.0,
+            max_ms: 1.0,
+            reps: 1,
+            tflops: 0.0,
+            gbps_min_bytes: 0.0,
+            peak_extra_bytes: 0,
+            scratch_bytes: 0,
+            per_kernel: vec![],
+        }
+    }
+
+    #[test]
+    fn ratios_are_taken_within_a_mode_and_against_the_first_mode() {
+        let ts = [
+            t("relay", Precision::Exact),
+            t("fused", Precision::Exact),
+            t("relay@fp16x3", Precision::Fp16x3),
+            t("fused@fp16x3", Precision::Fp16x3),
+        ];
+        let pairs: Vec<(&str, &str)> =
+            against_firsts(&ts).into_iter().map(|(a, b)| (a.label.as_str(), b.label.as_str())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("fused", "relay"),
+                ("relay@fp16x3", "relay"),
+                ("fused@fp16x3", "relay@fp16x3"),
+                ("fused@fp16x3", "relay"),
+            ]
+        );
     }
 
     #[test]

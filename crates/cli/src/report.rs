@@ -128,8 +128,8 @@ pub fn run(json: bool) -> CliResult {
             match (i.is_default, i.precision) {
                 (false, _) => "",
                 (true, Precision::Exact) => "yes",
-                // the mode's own keys, which the runtime does not serve yet
-                (true, _) => "fp16x3 key (not served yet)",
+                // a default of the mode's own keys (MIXSTACK_PRECISION=fp16x3)
+                (true, _) => "yes (fp16x3)",
             }
         );
     }
