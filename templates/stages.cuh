@@ -560,12 +560,11 @@ struct GzPanel : RowWork<T, CF, BM, P, S> {
     this->per_row(e0, s(), sig(), glog(), sync);
   }
   // gz of segment seg's columns of rows e0.. into the panel (rows past E
-  // zero). Each piece of g goes through registers, gated, and is stored
-  // once. (Run 88's cp.async fill, gated in place after the copy landed,
-  // was 8% faster at m64 b1, but racecheck reports that handover of
-  // cp.async'd data rewritten in place (BENCH.md runs 85-97, repro mode 10
-  // against 11), so the fill the tool can check is the one built.) Segment
-  // 0 starts with the scalar subtile: gz_s as formed.
+  // zero). g comes straight into the panel by cp.async (every piece of a
+  // thread in flight at once, no registers: four producer warps loading
+  // through registers were the bottleneck, BENCH.md run 79), then each
+  // thread gates the pieces it copied, in place. Segment 0 starts with the
+  // scalar subtile: gz_s as formed.
   __device__ __forceinline__ void fill(int seg, i64 e0) const {
     const int L = this->L, LG = this->LG, ROW = this->ROW;
     const i64 E = this->E;
@@ -574,6 +573,17 @@ struct GzPanel : RowWork<T, CF, BM, P, S> {
     const int ps = panel_stride();
     const int c0 = seg ? (L + 1) * CF : CF, nv = (seg ? 2 * LG : LG) / W;
     const DivBy dv(nv);
+    auto each = [&](auto f) {
+      for (int idx = threadIdx.x; idx < BM * nv; idx += P) {
+        const int m = dv.div(idx);
+        f(m, c0 + (idx - m * nv) * W);
+      }
+    };
+    each([&](int m, int c) {
+      const bool in = e0 + m < E;  // past E: zero fill from a valid address
+      cp_async16(pn + m * ps + c, in ? gf + (e0 + m) * ROW + c : gf, in ? 16 : 0);
+    });
+    cp_async_commit();
     if (seg == 0) {
       for (int idx = threadIdx.x; idx < BM * CF / W; idx += P) {
         const int m = idx / (CF / W), j = (idx - m * (CF / W)) * W;
@@ -582,22 +592,16 @@ struct GzPanel : RowWork<T, CF, BM, P, S> {
         Vec<T>::store(pn + m * ps + j, x);
       }
     }
+    cp_async_wait<0>();  // this thread's pieces have landed
     const T* sg = sig();
-    for (int idx = threadIdx.x; idx < BM * nv; idx += P) {
-      const int m = dv.div(idx);
-      const int c = c0 + (idx - m * nv) * W;
-      T x[W];
-      if (e0 + m < E) {
-        Vec<T>::ldg(gf + (e0 + m) * ROW + c, x);
-      } else {
-#pragma unroll
-        for (int w = 0; w < W; ++w) x[w] = T(0);  // rows past E form zeros
-      }
+    each([&](int m, int c) {
       const T* gate = gate_at<CF>(sg + m * LG, L, c);
+      T x[W];
+      Vec<T>::load(pn + m * ps + c, x);
 #pragma unroll
       for (int w = 0; w < W; ++w) x[w] = op_gate<T>(x[w], gate[w]);
       Vec<T>::store(pn + m * ps + c, x);
-    }
+    });
   }
 };
 
