@@ -517,11 +517,11 @@ fn fused_bitwise_equals_relay_every_tile() {
 /// blocks (4 blocks of 64 rows per SM hold 528 x 64 = 33,792 rows at once on
 /// an H200; 6 of 32 rows, 25,344), so each block's per-row work runs again
 /// over the shared buffers of its previous row block, and the L2 prefetch
-/// of the next one is taken; for the ws tiles (132 x 64 rows at once) the
-/// panel is handed back and refilled (EMPTY barriers). Every fused tile,
-/// bitwise against the relay. Under MIXSTACK_TEST_SMALL=1 (the sanitizers)
-/// E = 20,001: still several row blocks per ws block, so the handover runs
-/// under them too.
+/// of the next one is taken; with the split tiles' producers the per-row
+/// buffer slots are handed back and refilled (EMPTY barriers). Every fused
+/// tile of every mode the device serves, bitwise against that mode's relay.
+/// Under MIXSTACK_TEST_SMALL=1 (the sanitizers) E = 20,001: still several
+/// row blocks per block, so the handover runs under them too.
 #[test]
 fn fused_persistent_walk_bitwise() {
     let name = "fused_persistent_walk_bitwise";
@@ -532,18 +532,43 @@ fn fused_persistent_walk_bitwise() {
         let shape = Shape { f: 1, e, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
         let p = Problem::random(&mut rng, shape, true);
         let st = make_stack::<f32>(&g, &p);
-        let relay = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
-        let fused_tiles = st.dispatch().candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
-        assert!(!fused_tiles.is_empty(), "no usable fused kernels at Cf {cf} lmax {lmax}");
-        for k in fused_tiles {
-            let tiles = TileOverride::new().with(Stage::BwdFused, k.name);
-            let fused = run(&g, &st, &p, &BackwardOptions::fused().with_tiles(tiles)).unwrap();
-            assert_eq!(fused.decision.path, Path::Fused, "{}", fused.decision);
-            let what = format!("{} with {}", p.describe(), k.name);
-            assert!(bits(&fused.grad_u0) == bits(&relay.grad_u0), "grad_u0 differs bitwise: {what}");
-            assert!(bits(&fused.grad_alpha) == bits(&relay.grad_alpha), "grad_alpha differs bitwise: {what}");
-            println!("ok bitwise {what}");
+        for precision in Precision::ALL {
+            let d = st.dispatch().with_precision(precision);
+            if precision != Precision::Exact && d.check_precision(Dtype::F32, cf).is_err() {
+                continue; // a mode this device's build does not serve
+            }
+            let relay =
+                run_with(&g, &st, &p, &mode_fwd(precision), &BackwardOptions::relay().with_precision(precision))
+                    .unwrap();
+            every_fused_tile_matches(&g, &st, &p, precision, &relay);
         }
+    }
+}
+
+fn mode_fwd(precision: Precision) -> ForwardOptions {
+    ForwardOptions::default().with_precision(precision)
+}
+
+/// Every fused tile of `precision` usable at the problem's key, named in
+/// turn: each runs (its kernel in the call's profile), takes the fused path
+/// and gives `relay`'s bits (the relay of the same mode, same inputs).
+fn every_fused_tile_matches(g: &Gpu, st: &Stack<f32>, p: &Problem, precision: Precision, relay: &Got<f32>) {
+    let (cf, lmax) = (p.shape.cf as u32, p.shape.lmax as u32);
+    let tiles = st.dispatch().with_precision(precision).candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
+    assert!(!tiles.is_empty(), "no usable {precision} fused kernels at Cf {cf} lmax {lmax}");
+    for k in tiles {
+        let opts = BackwardOptions::fused()
+            .with_precision(precision)
+            .with_tiles(TileOverride::new().with(Stage::BwdFused, k.name));
+        st.set_profiling(true);
+        let fused = run_with(g, st, p, &mode_fwd(precision), &opts).unwrap();
+        let ran = st.timings().unwrap().iter().any(|r| r.kernel == k.name);
+        st.set_profiling(false);
+        let what = format!("{} with {}", p.describe(), k.name);
+        assert!(ran, "{what}: the named kernel did not run");
+        assert_eq!(fused.decision.path, Path::Fused, "{what}: {}", fused.decision);
+        assert_same_bits(&what, &fused, relay);
+        println!("ok bitwise {what}");
     }
 }
 
@@ -799,7 +824,7 @@ fn fp16x3_gpu(test: &str) -> Option<Gpu> {
 }
 
 fn x3_fwd() -> ForwardOptions {
-    ForwardOptions::default().with_precision(Precision::Fp16x3)
+    mode_fwd(Precision::Fp16x3)
 }
 
 /// The mode against the fp64 reference on every output, activations and
@@ -868,19 +893,7 @@ fn fp16x3_matches_reference() {
         assert_eq!(f.decision.precision, Precision::Fp16x3, "{what}");
         if (p.shape.cf as u32) < FUSED_CF_LIMIT {
             assert_eq!(f.decision.path, Path::Fused, "{what}: {}", f.decision);
-            let (cf, lmax) = (p.shape.cf as u32, p.shape.lmax as u32);
-            let tiles =
-                st.dispatch().with_precision(Precision::Fp16x3).candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
-            assert!(!tiles.is_empty());
-            for k in tiles {
-                let opts = fused.clone().with_tiles(TileOverride::new().with(Stage::BwdFused, k.name));
-                st.set_profiling(true);
-                let t = run_with(&g, &st, &p, &x3_fwd(), &opts).unwrap();
-                assert!(st.timings().unwrap().iter().any(|r| r.kernel == k.name), "{} ran", k.name);
-                st.set_profiling(false);
-                assert_eq!(t.decision.path, Path::Fused);
-                assert_same_bits(&format!("{what}: fused {} against the relay", k.name), &t, &relay);
-            }
+            every_fused_tile_matches(&g, &st, &p, Precision::Fp16x3, &relay);
         } else {
             assert_eq!(f.decision.path, Path::Relay, "{what}");
             assert_same_bits(&what, &f, &relay);

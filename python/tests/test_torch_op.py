@@ -269,6 +269,19 @@ def test_relay_fused_bitwise():
                 raise AssertionError(f"{name}: relay and fused differ in {diff} elements (max |d| {(a - b).abs().max().item():.3e})")
 
 
+def _refused_by_env(c, name, value, path):
+    """With the environment variable `name` set to `value`, a call through the
+    op is refused by a ValueError naming the variable."""
+    os.environ[name] = value
+    try:
+        op_fwd_bwd(c, True, path)
+    except ValueError as e:
+        assert name in str(e), str(e)
+        print(f"  {name}={value!r} refused: {e}")
+    else:
+        raise AssertionError(f"{name}={value!r} was accepted")
+
+
 def test_auto_path_reads_env():
     c = make_case(1, 700, 32, 2, 2, torch.float32, seed=500)
     with _env_restored(FUSED_ENV):
@@ -278,14 +291,7 @@ def test_auto_path_reads_env():
         os.environ[FUSED_ENV] = "off"
         op_fwd_bwd(c, True, "auto")
         assert mt.last_backward_path()[0] == "relay", mt.last_backward_path()
-        os.environ[FUSED_ENV] = "maybe"
-        try:
-            op_fwd_bwd(c, True, "auto")
-        except ValueError as e:
-            assert FUSED_ENV in str(e), str(e)
-            print(f"  malformed switch refused: {e}")
-        else:
-            raise AssertionError(f"{FUSED_ENV}=maybe was accepted")
+        _refused_by_env(c, FUSED_ENV, "maybe", "auto")
         # An explicit path overrides the variable.
         op_fwd_bwd(c, True, "relay")
         assert mt.last_backward_path()[0] == "relay"
@@ -313,14 +319,7 @@ def test_precision_env_selects_the_mode():
         assert path == "fused", (path, why)
         for k, a, b in zip(names, fused, x3):
             assert torch.equal(a, b), f"{k}: fused and relay differ in fp16x3"
-        os.environ[PRECISION_ENV] = "fp17"
-        try:
-            op_fwd_bwd(c, True, "relay")
-        except ValueError as e:
-            assert PRECISION_ENV in str(e), str(e)
-            print(f"  malformed precision refused: {e}")
-        else:
-            raise AssertionError(f"{PRECISION_ENV}=fp17 was accepted")
+        _refused_by_env(c, PRECISION_ENV, "fp17", "relay")
 
 
 def _expect_value_error(what, fn, *needles):
