@@ -300,10 +300,6 @@ pub fn run(args: &BenchArgs) -> CliResult {
             fparsed.push((in_mode(v, p), opts));
         }
     }
-    let mode_of = |o: &ForwardOptions| match o.precision {
-        mixstack::runtime::PrecisionMode::Set(p) => p,
-        mixstack::runtime::PrecisionMode::FromEnv => Precision::Exact,
-    };
     let mut saved = None;
     let fwd_ms = interleaved(&stream, fparsed.len(), args.reps, &mut |v| {
         let res = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &fparsed[v].1)?;
@@ -320,8 +316,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     // is compared only with variants on its own path.
     let on_cublas = stack.gate_gemm() == GateGemm::Cublas;
     let gate_path = |t: &TileOverride| on_cublas && t.get(Stage::FwdGate).is_none();
-    // The first variant of each mode: the bits its mode's others must match.
-    let mut firsts: Vec<(usize, Vec<Vec<f32>>)> = Vec::new();
+    // The first variant of each mode (index, the mode that ran, outputs):
+    // the bits its mode's others must match.
+    let mut firsts: Vec<(usize, Precision, Vec<Vec<f32>>)> = Vec::new();
     let mut forward_bitwise = None;
     let mut accuracies = Vec::new();
     for (v, (label, opts)) in fparsed.iter().enumerate() {
@@ -331,21 +328,21 @@ pub fn run(args: &BenchArgs) -> CliResult {
         stack.set_profiling(false);
         let mem = stack.last_forward_memory().unwrap_or_default();
         let got = vec![stream.clone_dtoh(&o)?, stream.clone_dtoh(&z)?];
-        let p = mode_of(opts);
-        match firsts.iter().find(|(i, _)| mode_of(&fparsed[*i].1) == p) {
+        let p = stack.last_forward_precision().ok_or("no forward ran")?;
+        match firsts.iter().find(|(_, q, _)| *q == p) {
             None => {
-                if let Some((i, f)) = firsts.first() {
+                if let Some((i, _, f)) = firsts.first() {
                     accuracies.push(accuracy(label, &fparsed[*i].0, &["out", "z_all"], f, &got));
                 }
-                firsts.push((v, got));
+                firsts.push((v, p, got));
             }
-            Some((i, _)) if gate_path(&opts.tiles) != gate_path(&fparsed[*i].1.tiles) => {
+            Some((i, _, _)) if gate_path(&opts.tiles) != gate_path(&fparsed[*i].1.tiles) => {
                 println!(
                     "{label}: another gate path than {}'s (cuBLAS / generated): not compared bitwise",
                     fparsed[*i].0
                 )
             }
-            Some((_, f)) => forward_bitwise = Some(forward_bitwise.unwrap_or(true) && bitwise_equal(f, &got)),
+            Some((_, _, f)) => forward_bitwise = Some(forward_bitwise.unwrap_or(true) && bitwise_equal(f, &got)),
         }
         forward_variants.push(summarise(
             label,
