@@ -328,9 +328,9 @@ impl<'t> Dispatch<'t> {
         if dtype != Dtype::F32 {
             return Err(refuse(format!("the {p} kernels are f32 only")));
         }
-        let ok = |e: &&KernelEntry| e.dtype == dtype && e.cf == cf && e.accepted && e.geometry.precision() == p;
-        // Every relay GEMM stage with exact kernels for the key needs one of
-        // the mode's (the fused stage may lack them: the relay runs then).
+        // Every relay GEMM stage with kernels for the key needs a candidate
+        // in the mode, by the rule select() uses (the fused stage may lack
+        // them: the relay runs then).
         let gemm_stages: BTreeSet<Stage> = self
             .here()
             .filter(|e| e.dtype == dtype && e.cf == cf && !is_fused_stage(e.stage))
@@ -338,10 +338,11 @@ impl<'t> Dispatch<'t> {
             .map(|e| e.stage)
             .collect();
         let missing: Vec<&str> =
-            gemm_stages.iter().filter(|&&s| !self.here().any(|e| e.stage == s && ok(&e))).map(|s| s.as_str()).collect();
+            gemm_stages.iter().filter(|&&s| self.candidates(s, dtype, cf).is_empty()).map(|s| s.as_str()).collect();
         if missing.is_empty() {
             return Ok(());
         }
+        let ok = |e: &&KernelEntry| e.dtype == dtype && e.cf == cf && e.accepted && e.geometry.precision() == p;
         let archs: BTreeSet<&str> = self.entries.iter().filter(ok).map(|e| e.arch.as_str()).collect();
         Err(refuse(if archs.is_empty() {
             format!("no accepted {p} kernel is built for it (tiles.yaml `precision: {p}`)")
