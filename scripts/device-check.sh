@@ -16,7 +16,8 @@
 # scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
 # handover variants of bench/runs/run87/arrive_next.cu under racecheck (the
 # ws kernels' report, BENCH.md runs 83-90), EXP_FP16X3=1 the fp16x3 tensor-core
-# GEMM experiment of issue 20 (bench/exp/fp16x3_gemm.cu). Prints a
+# GEMM experiment of issue 20 (bench/exp/fp16x3_gemm.cu), DIAG22=1 issue
+# 22's Python crashes with native backtraces (bench/runs/run100). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
@@ -91,6 +92,22 @@ fi
 if [ "${PY:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${PY_S:-240}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"
   grep -E "^== |^FAIL|tests passed|FAILED|Error" "$OUT/r/python.out" | head -20
+fi
+if [ "${DIAG22:-0}" = 1 ]; then
+  # issue 22's two crashes in Python on this machine (BENCH.md runs 89-94),
+  # each case in its own process under a native-backtrace handler: the op's
+  # refusals thrown from other sites (throws.py f0 n0), and loading
+  # AOTInductor packages without and with the op (aoti_probe.py)
+  export MIXSTACK_TORCH_CACHE=$PWD/.device/torch-ext MIXSTACK_LIB=$PWD/.device/libmixstack.so PYTHONPATH=$PWD/python
+  python3 -m mixstack_torch._ext > "$OUT/r/ext_build.txt" 2>&1; echo "ext build rc=$?"
+  gcc -shared -fPIC -O1 -o "$OUT/r/segv_trace.so" bench/runs/run100/segv_trace.c && export SEGV_TRACE=$OUT/r/segv_trace.so
+  python3 -c "import mixstack_torch, torch; torch.ops.mixstack.stack; print(open('/proc/self/maps').read())" 2>&1 \
+    | grep -oE "/[^ ]*(libstdc\+\+|libgcc_s)[^ ]*" | sort -u | tee "$OUT/r/cxx_runtimes.txt"
+  for c in ok f0 n0 row lmax0 alpha_shape; do
+    LD_PRELOAD=${SEGV_TRACE:-} timeout 60 python3 bench/runs/run94/throws.py "$c" > "$OUT/r/throws_$c.txt" 2>&1
+    echo "throws $c: rc $? $(grep -vE '^\s*$' "$OUT/r/throws_$c.txt" | tail -1 | cut -c1-160)"
+  done
+  timeout "${DIAG22_S:-240}" python3 bench/runs/run100/aoti_probe.py 2>&1 | tee "$OUT/r/aoti_probe.txt" | head -120
 fi
 if [ -n "${DEEPMD:-}" ]; then
   # shellcheck disable=SC2086

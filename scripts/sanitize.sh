@@ -14,7 +14,9 @@
 # PER_TEST_S=N runs each test alone under the tool, N seconds at most, and
 # prints one line per test (ok or errors, with its seconds, or timed out):
 # racecheck is slow (a GEMM launch at F 1, E 70 takes 0.15-0.45 s under it)
-# and one slow test must not leave the others unchecked.
+# and one slow test must not leave the others unchecked. JOBS=N runs N
+# tests at once (the tools are bound by the host's cores, not the GPU); a
+# test that timed out or reported anything makes the exit status 1.
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
 bin=${GPU_TEST_BIN:-.device/gpu_stack}
@@ -31,26 +33,37 @@ race_filter=(--kernel-name "kns=${SAN_KERNELS:-ms_}")
 tool_filter() {  # the kernel filter of a tool, as words
   if [ "$1" = racecheck ]; then echo "${race_filter[@]}"; else echo "${filter[@]+"${filter[@]}"}"; fi
 }
-per_test() {  # tool: each test alone, PER_TEST_S seconds at most
-  local tool=$1 t rc t0
+one_test() {  # tool test: one test alone under the tool, one line
+  local tool=$1 t=$2 rc t0
+  t0=$(date +%s)
+  # shellcheck disable=SC2046
+  timeout "$PER_TEST_S" "$cs" --tool "$tool" $(tool_filter "$tool") --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 --exact "$t" \
+    >"$OUT/sanitize_${tool}_$t.log" 2>&1
+  rc=$?
+  t0=$(( $(date +%s) - t0 ))
+  case $rc in
+    0) echo "  $tool $t: ok in $t0 s, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_${tool}_$t.log" | tail -1)" ;;
+    124) echo "  $tool $t: timed out after $PER_TEST_S s (not checked)" ;;
+    *) echo "  $tool $t: exit $rc in $t0 s, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$OUT/sanitize_${tool}_$t.log" | tail -1)" ;;
+  esac
+}
+per_test() {  # tool: each test alone, PER_TEST_S seconds at most, JOBS at once
+  local tool=$1 t
   # shellcheck disable=SC2086
   for t in $("$bin" --list ${TESTS:-} 2>/dev/null | sed -n 's/: test$//p'); do
-    t0=$(date +%s)
-    timeout "$PER_TEST_S" "$cs" --tool "$tool" $(tool_filter "$tool") --error-exitcode 99 --print-limit 20 "$bin" --test-threads=1 --exact "$t" \
-      >"$OUT/sanitize_${tool}_$t.log" 2>&1
-    rc=$?
-    t0=$(( $(date +%s) - t0 ))
-    case $rc in
-      0) echo "  $tool $t: ok in $t0 s, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_${tool}_$t.log" | tail -1)" ;;
-      124) echo "  $tool $t: timed out after $PER_TEST_S s (not checked)" ;;
-      *) echo "  $tool $t: exit $rc in $t0 s, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$OUT/sanitize_${tool}_$t.log" | tail -1)"; status=1 ;;
-    esac
+    while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-1}" ]; do wait -n; done
+    one_test "$tool" "$t" &
   done
+  wait
 }
 for tool in ${*:-memcheck racecheck initcheck synccheck}; do
   # racecheck: one small problem per kernel instance (tests/gpu_stack.rs race_mode)
   if [ "$tool" = racecheck ]; then export MIXSTACK_TEST_SMALL=race; else export MIXSTACK_TEST_SMALL=1; fi
-  if [ -n "${PER_TEST_S:-}" ]; then per_test "$tool"; continue; fi
+  if [ -n "${PER_TEST_S:-}" ]; then
+    per_test "$tool" | tee "$OUT/sanitize_${tool}_summary.txt"
+    grep -qvE ": ok in .*(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards)" "$OUT/sanitize_${tool}_summary.txt" && status=1
+    continue
+  fi
   log="$OUT/sanitize_$tool.log"
   start=$(date +%s)
   # shellcheck disable=SC2086
