@@ -660,6 +660,188 @@ void run(const float* dA, const float* dB, uint16_t* bth, uint16_t* btl, float* 
 }
 }  // namespace v4
 
+// ---------------------------------------------------------------------------
+// Variant 5, v4's split-once arithmetic in a form the stack's stages can
+// take at any N (N = (L + 1) Cf or 2 L Cf is a runtime value there): a
+// persistent block owns BM rows and walks their column tiles (BN) one after
+// the other, like the fused backward's row-block walk. At the row block's
+// first column tile each A chunk lands through a cp.async ring and is split
+// once, by the whole block, into halves that stay resident for the row
+// block (BM x K halves, head and tail, and a scale per (row, chunk)); every
+// later column tile reads them again. B comes pre-split (split_bt) through
+// a ring of BN x BK halves per step. One barrier per step; a step's split
+// runs in the step before it. Same products and folds per output element as
+// v3 and v4 (checked bitwise).
+namespace v5 {
+template <int BM, int BN, int BK, int ST, int K>
+struct Cfg {
+  static constexpr int THREADS = BM * BN / 32 / 32 * 32, KT = K / BK;  // a warp per 32 x 32
+  static constexpr int AP = BK + 4, HP = K + 8, BP = BK + 8;
+  static constexpr int HALVES = 2 * BM * HP * 2, INV = KT * BM * 4, ARING = ST * BM * AP * 4, BRING = ST * 2 * BN * BP * 2;
+  static constexpr int SMEM = HALVES + INV + ARING + BRING;
+  static_assert(BM * BK / 8 % THREADS == 0 && THREADS % 4 == 0, "the split: whole quads per row");
+};
+template <int BM, int BN, int BK, int ST, int K, int MINB>
+__global__ void __launch_bounds__(Cfg<BM, BN, BK, ST, K>::THREADS, MINB)
+    gemm(const float* __restrict__ A, const uint16_t* __restrict__ Bth, const uint16_t* __restrict__ Btl,
+         float* __restrict__ C, long long R, int N) {
+  typedef Cfg<BM, BN, BK, ST, K> CF;
+  constexpr int KT = CF::KT, THREADS = CF::THREADS;
+  extern __shared__ __align__(16) unsigned char sm[];
+  uint16_t* halves = reinterpret_cast<uint16_t*>(sm);  // head rows 0..BM-1, tail rows BM..2BM-1, pitch HP
+  float* sinv = reinterpret_cast<float*>(sm + CF::HALVES);  // [KT][BM]
+  float* aring = reinterpret_cast<float*>(sm + CF::HALVES + CF::INV);
+  uint16_t* bring = reinterpret_cast<uint16_t*>(sm + CF::HALVES + CF::INV + CF::ARING);  // [ST][head|tail][BN][BP]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / (BN / 32), wn = warp % (BN / 32);
+  const int NT = N / BN, SR = NT * KT;  // steps per row block
+  const long long RB = (R + BM - 1) / BM;
+  const long long mine = blockIdx.x < RB ? (RB - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const long long steps = mine * SR;
+  auto r0_of = [&](long long s) { return (blockIdx.x + (s / SR) * gridDim.x) * (long long)BM; };
+  auto load = [&](long long s) {
+    const int in = (int)(s % SR), ct = in / KT, kc = in % KT;
+    uint16_t* bs = bring + (int)(s % ST) * 2 * BN * CF::BP;
+    for (int v = tid; v < 2 * BN * (BK / 8); v += THREADS) {
+      const int row = v / (BK / 8), c = (v % (BK / 8)) * 8, n = ct * BN + row % BN;
+      ms::cp_async16(bs + row * CF::BP + c, (row < BN ? Bth : Btl) + (size_t)n * K + kc * BK + c, 16);
+    }
+    if (ct == 0) {
+      const long long r0 = r0_of(s);
+      float* as = aring + (int)(s % ST) * BM * CF::AP;
+      for (int v = tid; v < BM * BK / 4; v += THREADS) {
+        const int m = v / (BK / 4), c = (v % (BK / 4)) * 4;
+        const bool ok = r0 + m < R;
+        ms::cp_async16(as + m * CF::AP + c, ok ? A + (r0 + m) * K + kc * BK + c : A, ok ? 16 : 0);
+      }
+    }
+  };
+  auto split = [&](long long s) {  // step s's A chunk (ct == 0) -> resident halves, chunk kc
+    const int kc = (int)(s % SR) % KT;
+    const float* as = aring + (int)(s % ST) * BM * CF::AP;
+#pragma unroll
+    for (int it = 0; it < BM * BK / 8 / THREADS; ++it) {
+      const int i = it * THREADS + tid, m = i / (BK / 8), c = (i % (BK / 8)) * 8;
+      const float4 x = *reinterpret_cast<const float4*>(as + m * CF::AP + c);
+      const float4 y = *reinterpret_cast<const float4*>(as + m * CF::AP + c + 4);
+      float mx = fmaxf(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))),
+                       fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float sc, inv;
+      ms::x3::scale_of(mx, sc, inv);
+      uint4 h, l;
+      ms::x3::split2(x.x * sc, x.y * sc, h.x, l.x);
+      ms::x3::split2(x.z * sc, x.w * sc, h.y, l.y);
+      ms::x3::split2(y.x * sc, y.y * sc, h.z, l.z);
+      ms::x3::split2(y.z * sc, y.w * sc, h.w, l.w);
+      *reinterpret_cast<uint4*>(halves + m * CF::HP + kc * BK + c) = h;
+      *reinterpret_cast<uint4*>(halves + (BM + m) * CF::HP + kc * BK + c) = l;
+      if (tid % 4 == 0) sinv[kc * BM + m] = inv;
+    }
+  };
+  static_assert(BK / 8 == 4, "a quad of threads per row of a chunk");
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < steps) load(s);
+    ms::cp_async_commit();
+  }
+  if (steps > 0) {
+    ms::cp_async_wait<ST - 2>();
+    __syncthreads();
+    split(0);
+  }
+  const int g = lane / 4, t = lane % 4, mi = lane / 8;
+  for (long long s = 0; s < steps; ++s) {
+    ms::cp_async_wait<ST - 3 < 0 ? 0 : ST - 3>();  // step s + 1's chunks landed
+    __syncthreads();
+    if (s + ST - 1 < steps) load(s + ST - 1);
+    ms::cp_async_commit();
+    if (s + 1 < steps && (s + 1) % SR < KT) split(s + 1);
+    const int in = (int)(s % SR), ct = in / KT, kc = in % KT;
+    const uint16_t* bs = bring + (int)(s % ST) * 2 * BN * CF::BP;
+    unsigned bh[BK / 16][4][2], bl[BK / 16][4][2];
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks)
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) {
+        const int n = wn * 32 + (j + mi / 2) * 8 + lane % 8, k = ks * 16 + (mi % 2) * 8;
+        unsigned r[4];
+        v4::ldsm4(r, ms::smem_addr(bs + n * CF::BP + k));
+        bh[ks][j][0] = r[0], bh[ks][j][1] = r[1], bh[ks][j + 1][0] = r[2], bh[ks][j + 1][1] = r[3];
+        v4::ldsm4(r, ms::smem_addr(bs + (BN + n) * CF::BP + k));
+        bl[ks][j][0] = r[0], bl[ks][j][1] = r[1], bl[ks][j + 1][0] = r[2], bl[ks][j + 1][1] = r[3];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int m0 = wm * 32 + i * 16;
+      float ph[4][4], pt[4][4];
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks) {
+        unsigned ah[4], al[4];
+        const int row = m0 + (mi % 2) * 8 + lane % 8, k = kc * BK + ks * 16 + (mi / 2) * 8;
+        v4::ldsm4(ah, ms::smem_addr(halves + row * CF::HP + k));
+        v4::ldsm4(al, ms::smem_addr(halves + (BM + row) * CF::HP + k));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (ks == 0) {
+            ms::x3::mma_fresh(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
+            ms::x3::mma_fresh(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
+          } else {
+            ms::x3::mma(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
+            ms::x3::mma(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
+          }
+          ms::x3::mma(pt[j], al, bh[ks][j][0], bh[ks][j][1]);
+        }
+      }
+      const float inv0 = sinv[kc * BM + m0 + g], inv1 = sinv[kc * BM + m0 + g + 8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          acc[i][j][c] = fmaf(fmaf(pt[j][c], ms::x3::INV_TAIL, ph[j][c]), c < 2 ? inv0 : inv1, acc[i][j][c]);
+    }
+    if (kc == KT - 1) {
+      const long long r0 = r0_of(s);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long row = r0 + wm * 32 + i * 16 + g + 8 * h;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int n = ct * BN + wn * 32 + j * 8 + 2 * t;
+            if (row < R) *reinterpret_cast<float2*>(C + row * N + n) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            acc[i][j][2 * h] = acc[i][j][2 * h + 1] = 0.f;
+          }
+        }
+    }
+  }
+  ms::cp_async_wait<0>();
+}
+template <int BM, int BN, int BK, int ST, int K, int MINB>
+void run(const float* dB, uint16_t* bth, uint16_t* btl, const float* dA, float* dC, long long R) {
+  typedef Cfg<BM, BN, BK, ST, K> CF;
+  auto k = gemm<BM, BN, BK, ST, K, MINB>;
+  static int per_sm = -1, sms = 0;
+  if (per_sm < 0) {
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, CF::THREADS, CF::SMEM));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    std::printf("# v5 m%d n%d k%d s%d, K %d: %d threads, %d B shared, %d block(s) per SM\n", BM, BN, BK, ST, K, CF::THREADS,
+                CF::SMEM, per_sm);
+  }
+  v4::split_bt<<<(K * K / 2 + 255) / 256, 256>>>(dB, bth, btl, K, K);
+  const long long RB = (R + BM - 1) / BM;
+  k<<<(unsigned)std::min<long long>(RB, std::max(1, per_sm * sms)), CF::THREADS, CF::SMEM>>>(dA, bth, btl, dC, R, K);
+}
+}  // namespace v5
+
 // Elements of x and y whose bits differ (n elements).
 __global__ void count_diff(const unsigned* x, const unsigned* y, long long n, unsigned long long* out) {
   unsigned long long d = 0;
@@ -782,12 +964,31 @@ int main(int argc, char** argv) {
       else
         measure("v4 m64 k32 s4 2x4", [&] { v4::run<64, 32, 4, 128, 2, 4, 1>(dA, dB, dbth, dbtl, dC, R); }, A, B, dC, R, K,
                 N, scale, reps);
-      CK(cudaMemset(dDiff, 0, sizeof(unsigned long long)));
-      count_diff<<<1024, 256>>>(reinterpret_cast<const unsigned*>(dC), reinterpret_cast<const unsigned*>(dRef), R * N, dDiff);
-      unsigned long long diff = 0;
-      CK(cudaMemcpy(&diff, dDiff, sizeof diff, cudaMemcpyDeviceToHost));
-      std::printf("  v4 against v3 m128 k32 (same chunks): %llu of %lld elements differ in their bits%s\n", diff, R * N,
-                  diff ? "" : " (BITWISE EQUAL)");
+      auto against_v3 = [&](const char* label) {
+        CK(cudaMemset(dDiff, 0, sizeof(unsigned long long)));
+        count_diff<<<1024, 256>>>(reinterpret_cast<const unsigned*>(dC), reinterpret_cast<const unsigned*>(dRef), R * N,
+                                  dDiff);
+        unsigned long long diff = 0;
+        CK(cudaMemcpy(&diff, dDiff, sizeof diff, cudaMemcpyDeviceToHost));
+        std::printf("  %s against v3 m128 k32 (same chunks): %llu of %lld elements differ in their bits%s\n", label, diff,
+                    R * N, diff ? "" : " (BITWISE EQUAL)");
+      };
+      against_v3("v4");
+      if (K == 192) {
+        measure("v5 m64 n64 k32 s3 b2", [&] { v5::run<64, 64, 32, 3, 192, 2>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
+                N, scale, reps);
+        against_v3("v5 s3");
+        measure("v5 m64 n64 k32 s4 b1", [&] { v5::run<64, 64, 32, 4, 192, 1>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
+                N, scale, reps);
+        against_v3("v5 s4");
+      } else {
+        measure("v5 m64 n64 k32 s3 b2", [&] { v5::run<64, 64, 32, 3, 128, 2>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
+                N, scale, reps);
+        against_v3("v5 s3");
+        measure("v5 m64 n64 k32 s4 b1", [&] { v5::run<64, 64, 32, 4, 128, 1>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
+                N, scale, reps);
+        against_v3("v5 s4");
+      }
     }
     for (auto p : {(void*)dA, (void*)dC, (void*)dsA, (void*)dB, (void*)dbh, (void*)dbl, (void*)dRef, (void*)dbth,
                    (void*)dbtl, (void*)dDiff})
