@@ -487,6 +487,28 @@ __device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// Eight consecutive values of one chunk row (a quad of lanes holds the
+// row's BK = 32): the (row, chunk) scale from the quad's max, the values
+// scaled and split into 16 bytes of head and 16 of tail; returns the
+// inverse scale.
+__device__ __forceinline__ float split8(const float* src, uint16_t* head, uint16_t* tail) {
+  const float4 x = *reinterpret_cast<const float4*>(src);
+  const float4 y = *reinterpret_cast<const float4*>(src + 4);
+  float mx = fmaxf(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))),
+                   fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  float sc, inv;
+  ms::x3::scale_of(mx, sc, inv);
+  uint4 h, l;
+  ms::x3::split2(x.x * sc, x.y * sc, h.x, l.x);
+  ms::x3::split2(x.z * sc, x.w * sc, h.y, l.y);
+  ms::x3::split2(y.x * sc, y.y * sc, h.z, l.z);
+  ms::x3::split2(y.z * sc, y.w * sc, h.w, l.w);
+  *reinterpret_cast<uint4*>(head) = h;
+  *reinterpret_cast<uint4*>(tail) = l;
+  return inv;
+}
 template <int BM, int BK, int ST, int N, int WR, int WC>
 struct Cfg {
   static constexpr int K = N, THREADS = WR * WC * 32, MI = BM / WR / 16, NJ = N / WC / 8;
@@ -535,22 +557,8 @@ __global__ void __launch_bounds__(Cfg<BM, BK, ST, N, WR, WC>::THREADS, MINB)
   auto split = [&](long long q) {
     const float* slot = ring + (int)(q % ST) * BM * CF::AP;
     const int m = tid / 4, c = (tid % 4) * 8;
-    const float4 x = *reinterpret_cast<const float4*>(slot + m * CF::AP + c);
-    const float4 y = *reinterpret_cast<const float4*>(slot + m * CF::AP + c + 4);
-    float mx = fmaxf(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))),
-                     fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float sc, inv;
-    ms::x3::scale_of(mx, sc, inv);
-    uint4 h, l;
-    ms::x3::split2(x.x * sc, x.y * sc, h.x, l.x);
-    ms::x3::split2(x.z * sc, x.w * sc, h.y, l.y);
-    ms::x3::split2(y.x * sc, y.y * sc, h.z, l.z);
-    ms::x3::split2(y.z * sc, y.w * sc, h.w, l.w);
     uint16_t* hb = halves + (int)(q % 2) * 2 * BM * CF::HP;
-    *reinterpret_cast<uint4*>(hb + m * CF::HP + c) = h;
-    *reinterpret_cast<uint4*>(hb + (BM + m) * CF::HP + c) = l;
+    const float inv = split8(slot + m * CF::AP + c, hb + m * CF::HP + c, hb + (BM + m) * CF::HP + c);
     if (tid % 4 == 0) sinv[(int)(q % 2) * BM + m] = inv;
   };
   float acc[MI][NJ][4];
@@ -721,21 +729,8 @@ __global__ void __launch_bounds__(Cfg<BM, BN, BK, ST, K>::THREADS, MINB)
 #pragma unroll
     for (int it = 0; it < BM * BK / 8 / THREADS; ++it) {
       const int i = it * THREADS + tid, m = i / (BK / 8), c = (i % (BK / 8)) * 8;
-      const float4 x = *reinterpret_cast<const float4*>(as + m * CF::AP + c);
-      const float4 y = *reinterpret_cast<const float4*>(as + m * CF::AP + c + 4);
-      float mx = fmaxf(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))),
-                       fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      float sc, inv;
-      ms::x3::scale_of(mx, sc, inv);
-      uint4 h, l;
-      ms::x3::split2(x.x * sc, x.y * sc, h.x, l.x);
-      ms::x3::split2(x.z * sc, x.w * sc, h.y, l.y);
-      ms::x3::split2(y.x * sc, y.y * sc, h.z, l.z);
-      ms::x3::split2(y.z * sc, y.w * sc, h.w, l.w);
-      *reinterpret_cast<uint4*>(halves + m * CF::HP + kc * BK + c) = h;
-      *reinterpret_cast<uint4*>(halves + (BM + m) * CF::HP + kc * BK + c) = l;
+      const float inv = v4::split8(as + m * CF::AP + c, halves + m * CF::HP + kc * BK + c,
+                                   halves + (BM + m) * CF::HP + kc * BK + c);
       if (tid % 4 == 0) sinv[kc * BM + m] = inv;
     }
   };
