@@ -41,6 +41,14 @@ one_test() {  # tool test: one test alone under the tool, one line
     >"$OUT/sanitize_${tool}_$t.log" 2>&1
   rc=$?
   t0=$(( $(date +%s) - t0 ))
+  # a test that makes no CUDA call at the sanitizer's size (the large-E and
+  # many-tile tests skip there) passes, and the tool exits 255 finding nothing
+  # to instrument
+  if [ $rc = 255 ] && grep -q "terminated before first instrumented API call" "$OUT/sanitize_${tool}_$t.log" \
+    && grep -q "^test result: ok" "$OUT/sanitize_${tool}_$t.log"; then
+    echo "  $tool $t: no CUDA call at this size (skipped there), ok in $t0 s"
+    return
+  fi
   case $rc in
     0) echo "  $tool $t: ok in $t0 s, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_${tool}_$t.log" | tail -1)" ;;
     124) echo "  $tool $t: timed out after $PER_TEST_S s (not checked)" ;;
@@ -61,7 +69,8 @@ for tool in ${*:-memcheck racecheck initcheck synccheck}; do
   if [ "$tool" = racecheck ]; then export MIXSTACK_TEST_SMALL=race; else export MIXSTACK_TEST_SMALL=1; fi
   if [ -n "${PER_TEST_S:-}" ]; then
     per_test "$tool" | tee "$OUT/sanitize_${tool}_summary.txt"
-    grep -qvE ": ok in .*(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards)" "$OUT/sanitize_${tool}_summary.txt" && status=1
+    grep -qvE ": ok in .*(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards)|: no CUDA call at this size" \
+      "$OUT/sanitize_${tool}_summary.txt" && status=1
     continue
   fi
   log="$OUT/sanitize_$tool.log"
