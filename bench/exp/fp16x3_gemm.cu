@@ -18,7 +18,10 @@
 //      BENCH.md run 91).
 // Not built by cargo. On the GPU machine:
 //   nvcc -O3 -arch=sm_90 -Xptxas -v -I templates -I generated-tests/cuda -o /tmp/fp16x3 bench/exp/fp16x3_gemm.cu
-//   /tmp/fp16x3 [R] [reps]
+//   /tmp/fp16x3 [R] [reps]      (EXP_ALL=1: also the variants run 95 set aside)
+// Variants: v1 (a row pre-pass), v2 (B split per block), v3 (the product's
+// core), v4 and v5 (each operand split once; run 100): v4 and v5 are checked
+// bit for bit against v3, whose arithmetic they keep.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
