@@ -16,7 +16,8 @@
 # scripts/stage-deepmd-wheels.sh), RACE_REPRO=1 the named-barrier
 # handover variants of bench/runs/run87/arrive_next.cu under racecheck (the
 # ws kernels' report, BENCH.md runs 83-90), EXP_FP16X3=1 the fp16x3 tensor-core
-# GEMM experiment of issue 20 (bench/exp/fp16x3_gemm.cu), DIAG22=1 issue
+# GEMM experiment of issue 20 (bench/exp/fp16x3_gemm.cu; EXP_NCU=1 adds
+# Nsight Compute on its v3 and v4 kernels), DIAG22=1 issue
 # 22's Python crashes with native backtraces (bench/runs/run100). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
@@ -54,9 +55,20 @@ fi
 if [ "${EXP_FP16X3:-0}" = 1 ]; then
   # issue 20's first measurement: the compensated fp16x3 GEMM on mma.sync at
   # the relay GEMM's shapes, accuracy over the range contract and time
-  nvcc -O3 -arch=sm_90 --fmad=false -Xptxas -v -I templates -I generated-tests/cuda -o "$OUT/r/fp16x3" bench/exp/fp16x3_gemm.cu > "$OUT/r/fp16x3_build.txt" 2>&1 \
+  # (cuBLAS's ceilings at the same shape need its library: EXP_CUBLAS)
+  EXP_CUBLAS=$(find /usr/local -name 'libcublas.so*' 2>/dev/null | head -1); export EXP_CUBLAS
+  nvcc -O3 -arch=sm_90 --fmad=false -Xptxas -v -I templates -I generated-tests/cuda -o "$OUT/r/fp16x3" bench/exp/fp16x3_gemm.cu -ldl > "$OUT/r/fp16x3_build.txt" 2>&1 \
     && timeout "${EXP_S:-180}" "$OUT/r/fp16x3" "${EXP_ROWS:-1292000}" "${EXP_REPS:-20}" 2>&1 | tee "$OUT/r/fp16x3.txt"
   grep -E "registers|spill" "$OUT/r/fp16x3_build.txt" | head -4
+  if [ "${EXP_NCU:-0}" = 1 ]; then
+    # the counters that say what bounds the mma.sync cores (v3, v4): one
+    # launch of each at one scale (each variant launches reps + 2 = 3 times)
+    EXP_SCALE=1 timeout "${EXP_NCU_S:-200}" ncu --clock-control none -k "regex:${EXP_NCU_K:-core|v44gemm}" -c "${EXP_NCU_C:-6}" \
+      --set full -o "$OUT/r/exp_ncu" -f "$OUT/r/fp16x3" "${EXP_ROWS:-1292000}" 1 > "$OUT/r/exp_ncu_run.log" 2>&1; echo "exp ncu rc=$?"
+    ncu -i "$OUT/r/exp_ncu.ncu-rep" --page details > "$OUT/r/exp_ncu_details.txt" 2>&1
+    grep -E "^  [a-zA-Z_]|Duration|Issue Slots|Issued Ipc|Tensor|Theoretical Occ|Achieved Occ|Warp Cycles Per Issued|Registers Per|Stall|DRAM Throughput" \
+      "$OUT/r/exp_ncu_details.txt" | head -80
+  fi
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${TESTS_S:-300}" bash scripts/on-device.sh tests > "$OUT/r/tests.out" 2>&1; echo "tests rc=$?"

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <dlfcn.h>
 #include <vector>
 
 // Variant 3 is the product core itself (templates/core.cuh: gemm_x3), so
@@ -848,6 +849,88 @@ __global__ void count_diff(const unsigned* x, const unsigned* y, long long n, un
   atomicAdd(out, d);
 }
 
+// ---------------------------------------------------------------------------
+// Ceilings from cuBLAS at the same shape (EXP_CUBLAS=path of libcublas.so,
+// loaded at run time: the build's toolchain wheels carry no cuBLAS headers):
+// its FFMA SGEMM (what the exact stack's GEMM could reach), one fp16 product
+// with fp32 accumulation, and the three products as one fp16 GEMM of depth
+// 3K ([Ah Ah Al] @ [Bh; Bl; Bh]: the tensor-core work of the mode, without
+// the split, the scales or the separate tail accumulator). Time only.
+namespace ceiling {
+typedef int (*create_t)(void**);
+typedef int (*sgemm_t)(void*, int, int, int, int, int, const float*, const float*, int, const float*, int, const float*,
+                       float*, int);
+typedef int (*gemmex_t)(void*, int, int, int, int, int, const void*, const void*, int, int, const void*, int, int,
+                        const void*, void*, int, int, int, int);
+constexpr int OP_N = 0, R_32F = 0, R_16F = 2, COMPUTE_32F = 68, ALGO_DEFAULT = -1;
+
+void run(long long R, int reps) {
+  const char* path = std::getenv("EXP_CUBLAS");
+  void* lib = path ? dlopen(path, RTLD_NOW) : nullptr;
+  if (!lib) {
+    std::printf("# cuBLAS ceilings skipped: EXP_CUBLAS=%s not loaded (%s)\n", path ? path : "(unset)",
+                path ? dlerror() : "");
+    return;
+  }
+  auto create = (create_t)dlsym(lib, "cublasCreate_v2");
+  auto sgemm = (sgemm_t)dlsym(lib, "cublasSgemm_v2");
+  auto gemmex = (gemmex_t)dlsym(lib, "cublasGemmEx");
+  void* h = nullptr;
+  if (!create || !sgemm || !gemmex || create(&h) != 0) {
+    std::printf("# cuBLAS ceilings skipped: symbols or handle missing\n");
+    return;
+  }
+  const float one = 1.f, zero = 0.f;
+  for (int K : {192, 128}) {
+    const int N = K;
+    void *a, *b, *c;
+    CK(cudaMalloc(&a, R * 3 * K * 4));  // big enough for every variant's A
+    CK(cudaMalloc(&b, (size_t)3 * K * N * 4));
+    CK(cudaMalloc(&c, R * N * 4));
+    CK(cudaMemset(a, 0x3c, R * 3 * K * 4));  // fp16 0x3c3c ~ 1.06; fp32 ~ 0.0115
+    CK(cudaMemset(b, 0x1c, (size_t)3 * K * N * 4));
+    auto time = [&](const char* label, double flops, double bytes, auto call) {
+      cudaEvent_t e0, e1;
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
+      std::vector<float> ts;
+      for (int r = 0; r < reps + 2; ++r) {
+        CK(cudaEventRecord(e0));
+        const int st = call();
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        if (st != 0) {
+          std::printf("%-34s K=N=%d: cuBLAS status %d\n", label, K, st);
+          return;
+        }
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 2) ts.push_back(ms);
+      }
+      std::sort(ts.begin(), ts.end());
+      const double m = ts[ts.size() / 2];
+      std::printf("%-34s K=N=%d: %.3f ms (%.0f GB/s of its operands and C, %.1f TFLOP/s)\n", label, K, m,
+                  bytes / m / 1e6, flops / m / 1e9);
+      CK(cudaEventDestroy(e0));
+      CK(cudaEventDestroy(e1));
+    };
+    const double mn = (double)R * N;
+    // row-major C (R x N) = A (R x k) @ B (k x N) is column-major C^T = B^T A^T
+    time("cuBLAS SGEMM (FFMA)", 2 * mn * K, mn * 4 + (double)R * K * 4,
+         [&] { return sgemm(h, OP_N, OP_N, N, (int)R, K, &one, (const float*)b, N, (const float*)a, K, &zero, (float*)c, N); });
+    time("cuBLAS fp16 GEMM, one product", 2 * mn * K, mn * 4 + (double)R * K * 2, [&] {
+      return gemmex(h, OP_N, OP_N, N, (int)R, K, &one, b, R_16F, N, a, R_16F, K, &zero, c, R_32F, N, COMPUTE_32F,
+                    ALGO_DEFAULT);
+    });
+    time("cuBLAS fp16 GEMM, depth 3K", 2 * mn * 3 * K, mn * 4 + (double)R * 3 * K * 2, [&] {
+      return gemmex(h, OP_N, OP_N, N, (int)R, 3 * K, &one, b, R_16F, N, a, R_16F, 3 * K, &zero, c, R_32F, N,
+                    COMPUTE_32F, ALGO_DEFAULT);
+    });
+    for (void* p : {a, b, c}) CK(cudaFree(p));
+  }
+}
+}  // namespace ceiling
+
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double uni() {  // [-1, 1)
   rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
@@ -913,6 +996,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# fp16x3 mma.sync GEMM on %s: R = %lld rows, median of %d\n", prop.name, R, reps);
+  ceiling::run(R, reps);
+  if (std::getenv("EXP_CEILING_ONLY")) return 0;
   for (int K : {192, 128}) {
     const int N = K;
     std::vector<float> B((size_t)K * N);
@@ -938,7 +1023,9 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(dB, B.data(), B.size() * sizeof(float), cudaMemcpyHostToDevice));
     split_b<<<(K * N + 255) / 256, 256>>>(dB, dbh, dbl, K, N, sB);
     std::vector<float> A((size_t)R * K);
-    for (double scale : {1e-6, 1e-3, 1.0, 1e3, 1e7}) {
+    std::vector<double> scales = {1e-6, 1e-3, 1.0, 1e3, 1e7};
+    if (const char* one = std::getenv("EXP_SCALE")) scales = {std::atof(one)};  // e.g. under Nsight Compute
+    for (double scale : scales) {
       for (auto& a : A) a = (float)(uni() * scale);
       CK(cudaMemcpy(dA, A.data(), A.size() * sizeof(float), cudaMemcpyHostToDevice));
       const dim3 grid((unsigned)((R + BM - 1) / BM), (unsigned)((N + BN - 1) / BN));
