@@ -407,23 +407,25 @@ fn random_shapes_match_reference() {
 /// The streaming GEMMs launch at most the resident blocks, so at a large E
 /// each block walks several tiles through one cp.async ring (the small-E
 /// shapes above give every block one tile). E is chosen so that every
-/// streaming kernel here walks more than two tiles per block on an H200.
+/// streaming kernel here walks more than two tiles per block on an H200;
+/// under the sanitizers, 2,001 edges on three blocks per launch.
 #[test]
 fn streaming_blocks_walk_many_tiles() {
     let name = "streaming_blocks_walk_many_tiles";
-    if small_only(name) {
-        return;
-    }
     let Some(g) = fused_gpu(name) else { return };
     let mut rng = rng_for(name);
-    let shape = Shape { f: 1, e: 80_001, cf: 32, lmax: 2, n_layers: 2 };
+    // Small (the sanitizers): E = 2,001 on three blocks per persistent launch.
+    let (e, cap) = if small_mode() { (2_001, Some(3)) } else { (80_001, None) };
+    let shape = Shape { f: 1, e, cf: 32, lmax: 2, n_layers: 2 };
     let p = Problem::random(&mut rng, shape, true);
     let want = p.reference();
     let st64 = make_stack::<f64>(&g, &p);
+    st64.debug_cap_blocks(cap);
     let (_, kernels) = st64.backward_plan(&BackwardOptions::relay()).unwrap();
     assert!(kernels.iter().any(|k| k.name.ends_with("_ps")), "no streaming kernel in {kernels:?}");
     check_close(&format!("f64 relay {}", p.describe()), &run(&g, &st64, &p, &BackwardOptions::relay()).unwrap(), &want);
     let st32 = make_stack::<f32>(&g, &p);
+    st32.debug_cap_blocks(cap);
     let (_, kernels) = st32.backward_plan(&BackwardOptions::fused()).unwrap();
     assert!(kernels.iter().any(|k| k.name.ends_with("_ps")), "no streaming kernel in {kernels:?}");
     let relay = run(&g, &st32, &p, &BackwardOptions::relay()).unwrap();
@@ -523,18 +525,21 @@ fn fused_bitwise_equals_relay_every_tile() {
 /// of the next one is taken; with the split tiles' producers the per-row
 /// buffer slots are handed back and refilled (EMPTY barriers). Every fused
 /// tile of every mode the device serves, bitwise against that mode's relay.
-/// Under MIXSTACK_TEST_SMALL=1 (the sanitizers) E = 20,001: still several
-/// row blocks per block, so the handover runs under them too.
+/// Under MIXSTACK_TEST_SMALL (the sanitizers) E = 2,001 on three blocks per
+/// launch: still many row blocks per block, so the handover runs under them.
 #[test]
 fn fused_persistent_walk_bitwise() {
     let name = "fused_persistent_walk_bitwise";
     let Some(g) = fused_gpu(name) else { return };
     let mut rng = rng_for(name);
-    let e = if small_mode() { 20_001 } else { 100_001 };
+    // Small (the sanitizers): three blocks per persistent launch, so 2,001
+    // rows still give each block many row blocks, at a cost racecheck takes.
+    let (e, cap) = if small_mode() { (2_001, Some(3)) } else { (100_001, None) };
     for (cf, lmax) in [(32u32, 2u32), (64, 1)] {
         let shape = Shape { f: 1, e, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
         let p = Problem::random(&mut rng, shape, true);
         let st = make_stack::<f32>(&g, &p);
+        st.debug_cap_blocks(cap);
         for precision in Precision::ALL {
             let d = st.dispatch().with_precision(precision);
             if precision != Precision::Exact && d.check_precision(Dtype::F32, cf).is_err() {

@@ -6,6 +6,7 @@
 //! Dynamic shared memory is `smem_fixed + smem_per_lg * L*Cf` bytes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUevent_flags, CUfunction_attribute};
@@ -127,11 +128,21 @@ pub(crate) struct Kernels {
     profile: Mutex<Option<Vec<Timed>>>,
     /// Injected faults (tests): allocations and launches of this stack.
     pub(crate) fault: super::fault::FaultPoint,
+    /// Tests and sanitizers: at most this many blocks of a persistent kernel
+    /// (0: the resident count), so a small E walks many tiles per block.
+    pub(crate) block_cap: AtomicU64,
 }
 
 impl Kernels {
     pub(crate) fn new(ctx: Arc<CudaContext>, lg: usize) -> Self {
-        Kernels { ctx, lg, cache: Mutex::new(HashMap::new()), profile: Mutex::new(None), fault: Default::default() }
+        Kernels {
+            ctx,
+            lg,
+            cache: Mutex::new(HashMap::new()),
+            profile: Mutex::new(None),
+            fault: Default::default(),
+            block_cap: AtomicU64::new(0),
+        }
     }
 
     /// Names of the entries loaded so far.
@@ -248,6 +259,10 @@ impl Kernels {
             });
         }
         let (func, resident) = self.function(entry)?;
+        let resident = match self.block_cap.load(Ordering::Relaxed) {
+            0 => resident,
+            cap => resident.min(cap),
+        };
         let cfg = launch_config(entry, e, n, f, self.lg, Some(resident))?;
         self.fault.launch(|| entry.name.to_string())?;
         let profiling = lock(&self.profile).is_some();

@@ -797,6 +797,13 @@ impl<T: Element> Stack<T> {
     pub fn debug_inject_fault(&self, fault: Option<Fault>) {
         self.kernels.fault.arm(fault);
     }
+    /// Tests and sanitizers: launch a persistent kernel (pipe: stream, split,
+    /// the fused walk) on at most `cap` blocks (None: as many as are resident),
+    /// so that a small problem walks many tiles per block.
+    #[doc(hidden)]
+    pub fn debug_cap_blocks(&self, cap: Option<u32>) {
+        self.kernels.block_cap.store(cap.map_or(0, u64::from), std::sync::atomic::Ordering::Relaxed);
+    }
     /// Tests: bytes of the stack's memory pool in use now (None without a pool).
     #[doc(hidden)]
     pub fn debug_pool_used_bytes(&self) -> Result<Option<u64>, MixError> {
