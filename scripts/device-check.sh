@@ -57,13 +57,13 @@ if [ "${EXP_FP16X3:-0}" = 1 ]; then
   # the relay GEMM's shapes, accuracy over the range contract and time
   # (cuBLAS's ceilings at the same shape need its library: EXP_CUBLAS)
   EXP_CUBLAS=$(find /usr/local -name 'libcublas.so*' 2>/dev/null | head -1); export EXP_CUBLAS
-  nvcc -O3 -arch=sm_90 --fmad=false -Xptxas -v -I templates -I generated-tests/cuda -o "$OUT/r/fp16x3" bench/exp/fp16x3_gemm.cu -ldl > "$OUT/r/fp16x3_build.txt" 2>&1 \
+  nvcc -O3 -arch=sm_90a --fmad=false -Xptxas -v -I templates -I generated-tests/cuda -o "$OUT/r/fp16x3" bench/exp/fp16x3_gemm.cu -ldl > "$OUT/r/fp16x3_build.txt" 2>&1 \
     && timeout "${EXP_S:-180}" "$OUT/r/fp16x3" "${EXP_ROWS:-1292000}" "${EXP_REPS:-20}" 2>&1 | tee "$OUT/r/fp16x3.txt"
   grep -E "registers|spill" "$OUT/r/fp16x3_build.txt" | head -4
   if [ "${EXP_NCU:-0}" = 1 ]; then
-    # the counters that say what bounds the mma.sync cores (v3, v4): one
+    # the counters that say what bounds the cores (v3, v4 on mma.sync, v6 on wgmma): one
     # launch of each at one scale (each variant launches reps + 2 = 3 times)
-    EXP_SCALE=1 timeout "${EXP_NCU_S:-200}" ncu --clock-control none -k "regex:${EXP_NCU_K:-core|v44gemm}" -c "${EXP_NCU_C:-6}" \
+    EXP_SCALE=1 timeout "${EXP_NCU_S:-200}" ncu --clock-control none -k "regex:${EXP_NCU_K:-core|v44gemm|v64gemm}" -c "${EXP_NCU_C:-9}" \
       --set full -o "$OUT/r/exp_ncu" -f "$OUT/r/fp16x3" "${EXP_ROWS:-1292000}" 1 > "$OUT/r/exp_ncu_run.log" 2>&1; echo "exp ncu rc=$?"
     ncu -i "$OUT/r/exp_ncu.ncu-rep" --page details > "$OUT/r/exp_ncu_details.txt" 2>&1
     grep -E "^  [a-zA-Z_]|Duration|Issue Slots|Issued Ipc|Tensor|Theoretical Occ|Achieved Occ|Warp Cycles Per Issued|Registers Per|Stall|DRAM Throughput" \

@@ -17,11 +17,12 @@
 //      times: m1 2.32 ms, m0 1.08 ms per launch at the seed on an H100,
 //      BENCH.md run 91).
 // Not built by cargo. On the GPU machine:
-//   nvcc -O3 -arch=sm_90 -Xptxas -v -I templates -I generated-tests/cuda -o /tmp/fp16x3 bench/exp/fp16x3_gemm.cu
+//   nvcc -O3 -arch=sm_90a -Xptxas -v -I templates -I generated-tests/cuda -o /tmp/fp16x3 bench/exp/fp16x3_gemm.cu -ldl
 //   /tmp/fp16x3 [R] [reps]      (EXP_ALL=1: also the variants run 95 set aside)
 // Variants: v1 (a row pre-pass), v2 (B split per block), v3 (the product's
 // core), v4 and v5 (each operand split once; run 100): v4 and v5 are checked
-// bit for bit against v3, whose arithmetic they keep.
+// bit for bit against v3, whose arithmetic they keep; v6 (wgmma, sm_90a: not
+// yet run), and cuBLAS's ceilings at the same shape.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -841,6 +842,182 @@ void run(const float* dB, uint16_t* bth, uint16_t* btl, const float* dA, float* 
 }
 }  // namespace v5
 
+// ---------------------------------------------------------------------------
+// Variant 6, the tensor cores' Hopper path (docs/PRECISION.md, "the next
+// core"): wgmma.mma_async with A from registers (split per warp as v3 does,
+// the same scale per (row, chunk)) and B pre-split (split_bt) held for the
+// block's column tile in shared memory in wgmma's no-swizzle K-major layout
+// (8 x 8 core matrices of 128 bytes: K-neighbours 128 B apart (LBO), N-
+// neighbours K / 8 x 128 B apart (SBO)). Two consumer warpgroups per block,
+// 64 rows each, each with its own cp.async ring and named barrier, so that
+// one splits while the other's products run. Per chunk and warpgroup the
+// products go out as one wgmma group (v3's order: ph = ah bh, pt = ah bl +
+// al bh per k16 step), then the fold of v3. The accumulation order inside
+// wgmma need not be mma.sync's: bits are compared with v3, not required.
+// Needs sm_90a.
+namespace v6 {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mma_n96(float (&d)[48], const unsigned (&a)[4], uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void mma_n64(float (&d)[32], const unsigned (&a)[4], uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+#endif
+__device__ __forceinline__ uint64_t desc(const void* smem, unsigned lbo, unsigned sbo) {
+  const unsigned a = ms::smem_addr(smem);
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+template <int R>
+__device__ __forceinline__ void keep(float (&d)[R]) {  // no access to d moves across a wgmma fence or wait
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int BN, int K, int ST>
+struct Cfg {
+  static constexpr int THREADS = 256, BM = 128, BK = 32, KT = K / BK, AP = BK + 8, REGS = BN / 2;
+  static constexpr int PANEL = 2 * BN * K * 2, RING = ST * 64 * AP * 4, SMEM = PANEL + 2 * RING;
+};
+template <int BN, int K, int ST>
+__global__ void __launch_bounds__(256, 1)
+    gemm(const float* __restrict__ A, const uint16_t* __restrict__ Bth, const uint16_t* __restrict__ Btl,
+         float* __restrict__ C, long long R, int N) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  typedef Cfg<BN, K, ST> CF;
+  constexpr int KT = CF::KT, BK = CF::BK, AP = CF::AP, REGS = CF::REGS;
+  extern __shared__ __align__(128) unsigned char sm[];
+  uint16_t* panel = reinterpret_cast<uint16_t*>(sm);  // head: BN x K halves, then tail
+  const int tid = threadIdx.x, wg = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  float* ring = reinterpret_cast<float*>(sm + CF::PANEL) + wg * ST * 64 * AP;
+  const int NT = N / BN, ct = blockIdx.x % NT, G = gridDim.x / NT;
+  const long long RB = (R + 127) / 128, rb0 = blockIdx.x / NT;
+  const long long mine = rb0 < RB ? (RB - 1 - rb0) / G + 1 : 0;
+  const long long chunks = mine * KT;
+  // the column tile's B, both halves, into core matrices
+  for (int v = tid; v < 2 * BN * (K / 8); v += 256) {
+    const int which = v / (BN * (K / 8)), i = v % (BN * (K / 8)), n = i / (K / 8), kg = i % (K / 8);
+    const uint16_t* src = (which ? Btl : Bth) + (size_t)(ct * BN + n) * K + kg * 8;
+    ms::cp_async16(panel + which * BN * K + ((n / 8) * (K / 8) + kg) * 64 + (n % 8) * 8, src, 16);
+  }
+  ms::cp_async_commit();
+  ms::cp_async_wait<0>();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, then wgmma's reads
+  __syncthreads();
+  auto load = [&](long long q) {  // chunk q of this warpgroup's walk -> its ring slot q % ST
+    const long long r0 = (rb0 + (q / KT) * G) * 128 + wg * 64;
+    const int k0 = (int)(q % KT) * BK;
+    float* slot = ring + (int)(q % ST) * 64 * AP;
+    for (int v = wt; v < 64 * BK / 4; v += 128) {
+      const int m = v / (BK / 4), c = (v % (BK / 4)) * 4;
+      const bool ok = r0 + m < R;
+      ms::cp_async16(slot + m * AP + c, ok ? A + (r0 + m) * K + k0 + c : A, ok ? 16 : 0);
+    }
+  };
+  for (int q = 0; q < ST - 1; ++q) {
+    if (q < chunks) load(q);
+    ms::cp_async_commit();
+  }
+  float acc[REGS], ph[REGS], pt[REGS];
+#pragma unroll
+  for (int i = 0; i < REGS; ++i) acc[i] = 0.f;
+  for (long long q = 0; q < chunks; ++q) {
+    ms::cp_async_wait<ST - 2>();
+    ms::bar_sync(1 + wg, 128);  // chunk q landed for the warpgroup; slot (q - 1) % ST read by all of it
+    if (q + ST - 1 < chunks) load(q + ST - 1);
+    ms::cp_async_commit();
+    const int kc = (int)(q % KT);
+    const float* as = ring + (int)(q % ST) * 64 * AP + (warp * 16 + g) * AP + 2 * t;  // row g; g + 8 at + 8 AP
+    float s[2], inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = 0.f;
+#pragma unroll
+      for (int k = 0; k < BK; k += 8) {
+        const float2 v = *reinterpret_cast<const float2*>(as + h * 8 * AP + k);
+        mx = fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y)));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      ms::x3::scale_of(mx, s[h], inv[h]);
+    }
+    unsigned ah[BK / 16][4], al[BK / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int h = r % 2;
+        const float2 v = *reinterpret_cast<const float2*>(as + h * 8 * AP + ks * 16 + 8 * (r / 2));
+        ms::x3::split2(v.x * s[h], v.y * s[h], ah[ks][r], al[ks][r]);
+      }
+    keep(ph);
+    keep(pt);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      const int kg = (kc * BK + ks * 16) / 8;
+      const uint64_t bh = desc(panel + kg * 64, 128, (K / 8) * 128);
+      const uint64_t bl = desc(panel + BN * K + kg * 64, 128, (K / 8) * 128);
+      if constexpr (BN == 96) {
+        mma_n96(ph, ah[ks], bh, ks);
+        mma_n96(pt, ah[ks], bl, ks);
+        mma_n96(pt, al[ks], bh, 1);
+      } else {
+        mma_n64(ph, ah[ks], bh, ks);
+        mma_n64(pt, ah[ks], bl, ks);
+        mma_n64(pt, al[ks], bh, 1);
+      }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    keep(ph);
+    keep(pt);
+#pragma unroll
+    for (int i = 0; i < REGS; ++i) acc[i] = fmaf(fmaf(pt[i], ms::x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
+    if (kc == KT - 1) {
+      const long long row0 = (rb0 + (q / KT) * G) * 128 + wg * 64 + warp * 16 + g;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int n = ct * BN + j * 8 + 2 * t;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (row0 + 8 * h < R)
+            *reinterpret_cast<float2*>(C + (row0 + 8 * h) * N + n) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+#pragma unroll
+      for (int i = 0; i < REGS; ++i) acc[i] = 0.f;
+    }
+  }
+  ms::cp_async_wait<0>();
+#endif
+}
+template <int BN, int K, int ST>
+void run(const float* dB, uint16_t* bth, uint16_t* btl, const float* dA, float* dC, long long R) {
+  typedef Cfg<BN, K, ST> CF;
+  auto k = gemm<BN, K, ST>;
+  static int per_sm = -1, sms = 0;
+  if (per_sm < 0) {
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, CF::THREADS, CF::SMEM));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    std::printf("# v6 wgmma n%d k32 s%d, K %d: %d B shared, %d block(s) per SM\n", BN, ST, K, CF::SMEM, per_sm);
+  }
+  v4::split_bt<<<(K * K / 2 + 255) / 256, 256>>>(dB, bth, btl, K, K);
+  const int NT = K / BN;
+  const int grid = std::max(NT, per_sm * sms / NT * NT);
+  k<<<grid, CF::THREADS, CF::SMEM>>>(dA, bth, btl, dC, R, K);
+}
+}  // namespace v6
+
 // Elements of x and y whose bits differ (n elements).
 __global__ void count_diff(const unsigned* x, const unsigned* y, long long n, unsigned long long* out) {
   unsigned long long d = 0;
@@ -1066,6 +1243,9 @@ int main(int argc, char** argv) {
         measure("v5 m64 n64 k32 s4 b1", [&] { v5::run<64, 64, 32, 4, 192, 1>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
                 N, scale, reps);
         against_v3("v5 s4");
+        measure("v6 wgmma n96 k32 s4", [&] { v6::run<96, 192, 4>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K, N, scale,
+                reps);
+        against_v3("v6");
       } else {
         measure("v5 m64 n64 k32 s3 b2", [&] { v5::run<64, 64, 32, 3, 128, 2>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
                 N, scale, reps);
@@ -1073,6 +1253,9 @@ int main(int argc, char** argv) {
         measure("v5 m64 n64 k32 s4 b1", [&] { v5::run<64, 64, 32, 4, 128, 1>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
                 N, scale, reps);
         against_v3("v5 s4");
+        measure("v6 wgmma n64 k32 s4", [&] { v6::run<64, 128, 4>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K, N, scale,
+                reps);
+        against_v3("v6");
       }
     }
     for (auto p : {(void*)dA, (void*)dC, (void*)dsA, (void*)dB, (void*)dbh, (void*)dbl, (void*)dRef, (void*)dbth,
