@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <dlfcn.h>
+#include <type_traits>
 #include <vector>
 
 // Variant 3 is the product core itself (templates/core.cuh: gemm_x3), so
@@ -514,6 +515,24 @@ __device__ __forceinline__ float split8(const float* src, uint16_t* head, uint16
   *reinterpret_cast<uint4*>(tail) = l;
   return inv;
 }
+// One k16 step of the three products into a warp's n8 tiles, in v3's order
+// (x3::chunk): ph = ah bh, pt = ah bl + al bh; fresh at a chunk's first step.
+template <int NJ>
+__device__ __forceinline__ void products(float (&ph)[NJ][4], float (&pt)[NJ][4], const unsigned (&ah)[4],
+                                         const unsigned (&al)[4], const unsigned (&bh)[NJ][2],
+                                         const unsigned (&bl)[NJ][2], bool first) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (first) {
+      ms::x3::mma_fresh(ph[j], ah, bh[j][0], bh[j][1]);
+      ms::x3::mma_fresh(pt[j], ah, bl[j][0], bl[j][1]);
+    } else {
+      ms::x3::mma(ph[j], ah, bh[j][0], bh[j][1]);
+      ms::x3::mma(pt[j], ah, bl[j][0], bl[j][1]);
+    }
+    ms::x3::mma(pt[j], al, bh[j][0], bh[j][1]);
+  }
+}
 template <int BM, int BK, int ST, int N, int WR, int WC>
 struct Cfg {
   static constexpr int K = N, THREADS = WR * WC * 32, MI = BM / WR / 16, NJ = N / WC / 8;
@@ -615,17 +634,7 @@ __global__ void __launch_bounds__(Cfg<BM, BK, ST, N, WR, WC>::THREADS, MINB)
         const int row = m0 + (mi % 2) * 8 + lane % 8, k = ks * 16 + (mi / 2) * 8;
         ldsm4(ah, ms::smem_addr(hb + row * CF::HP + k));
         ldsm4(al, ms::smem_addr(hb + (BM + row) * CF::HP + k));
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-          if (ks == 0) {
-            ms::x3::mma_fresh(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
-            ms::x3::mma_fresh(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
-          } else {
-            ms::x3::mma(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
-            ms::x3::mma(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
-          }
-          ms::x3::mma(pt[j], al, bh[ks][j][0], bh[ks][j][1]);
-        }
+        products(ph, pt, ah, al, bh[ks], bl[ks], ks == 0);
       }
       const float* inv = sinv + (int)(q % 2) * BM + m0 + g;
       const float inv0 = inv[0], inv1 = inv[8];
@@ -787,17 +796,7 @@ __global__ void __launch_bounds__(Cfg<BM, BN, BK, ST, K>::THREADS, MINB)
         const int row = m0 + (mi % 2) * 8 + lane % 8, k = kc * BK + ks * 16 + (mi / 2) * 8;
         v4::ldsm4(ah, ms::smem_addr(halves + row * CF::HP + k));
         v4::ldsm4(al, ms::smem_addr(halves + (BM + row) * CF::HP + k));
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (ks == 0) {
-            ms::x3::mma_fresh(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
-            ms::x3::mma_fresh(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
-          } else {
-            ms::x3::mma(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
-            ms::x3::mma(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
-          }
-          ms::x3::mma(pt[j], al, bh[ks][j][0], bh[ks][j][1]);
-        }
+        v4::products(ph, pt, ah, al, bh[ks], bl[ks], ks == 0);
       }
       const float inv0 = sinv[kc * BM + m0 + g], inv1 = sinv[kc * BM + m0 + g + 8];
 #pragma unroll
@@ -1220,12 +1219,6 @@ int main(int argc, char** argv) {
       measure("v2 m64 k64 s3", [&] { v2::run<64, 64, 3>(dA, dB, dC, R, K, N, 0); }, A, B, dC, R, K, N, scale, reps);
       measure("v3 core m128 k32 s3 b1", [&] { v3::run<128, 32, 3, 1>(dA, dB, dC, R, K, N); }, A, B, dC, R, K, N, scale, reps);
       CK(cudaMemcpy(dRef, dC, R * N * sizeof(float), cudaMemcpyDeviceToDevice));
-      if (K == 192)
-        measure("v4 m64 k32 s4 2x4", [&] { v4::run<64, 32, 4, 192, 2, 4, 1>(dA, dB, dbth, dbtl, dC, R); }, A, B, dC, R, K,
-                N, scale, reps);
-      else
-        measure("v4 m64 k32 s4 2x4", [&] { v4::run<64, 32, 4, 128, 2, 4, 1>(dA, dB, dbth, dbtl, dC, R); }, A, B, dC, R, K,
-                N, scale, reps);
       auto against_v3 = [&](const char* label) {
         CK(cudaMemset(dDiff, 0, sizeof(unsigned long long)));
         count_diff<<<1024, 256>>>(reinterpret_cast<const unsigned*>(dC), reinterpret_cast<const unsigned*>(dRef), R * N,
@@ -1235,28 +1228,25 @@ int main(int argc, char** argv) {
         std::printf("  %s against v3 m128 k32 (same chunks): %llu of %lld elements differ in their bits%s\n", label, diff,
                     R * N, diff ? "" : " (BITWISE EQUAL)");
       };
-      against_v3("v4");
-      if (K == 192) {
-        measure("v5 m64 n64 k32 s3 b2", [&] { v5::run<64, 64, 32, 3, 192, 2>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
+      // the split-once and wgmma variants, K a template argument
+      auto newer = [&](auto k_const) {
+        constexpr int KK = decltype(k_const)::value, BN6 = KK == 192 ? 96 : 64;
+        measure("v4 m64 k32 s4 2x4", [&] { v4::run<64, 32, 4, KK, 2, 4, 1>(dA, dB, dbth, dbtl, dC, R); }, A, B, dC, R, K,
+                N, scale, reps);
+        against_v3("v4");
+        measure("v5 m64 n64 k32 s3 b2", [&] { v5::run<64, 64, 32, 3, KK, 2>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
                 N, scale, reps);
         against_v3("v5 s3");
-        measure("v5 m64 n64 k32 s4 b1", [&] { v5::run<64, 64, 32, 4, 192, 1>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
+        measure("v5 m64 n64 k32 s4 b1", [&] { v5::run<64, 64, 32, 4, KK, 1>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
                 N, scale, reps);
         against_v3("v5 s4");
-        measure("v6 wgmma n96 k32 s4", [&] { v6::run<96, 192, 4>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K, N, scale,
-                reps);
+        measure("v6 wgmma k32 s4", [&] { v6::run<BN6, KK, 4>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K, N, scale, reps);
         against_v3("v6");
-      } else {
-        measure("v5 m64 n64 k32 s3 b2", [&] { v5::run<64, 64, 32, 3, 128, 2>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
-                N, scale, reps);
-        against_v3("v5 s3");
-        measure("v5 m64 n64 k32 s4 b1", [&] { v5::run<64, 64, 32, 4, 128, 1>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K,
-                N, scale, reps);
-        against_v3("v5 s4");
-        measure("v6 wgmma n64 k32 s4", [&] { v6::run<64, 128, 4>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K, N, scale,
-                reps);
-        against_v3("v6");
-      }
+      };
+      if (K == 192)
+        newer(std::integral_constant<int, 192>{});
+      else
+        newer(std::integral_constant<int, 128>{});
     }
     for (auto p : {(void*)dA, (void*)dC, (void*)dsA, (void*)dB, (void*)dbh, (void*)dbl, (void*)dRef, (void*)dbth,
                    (void*)dbtl, (void*)dDiff})
