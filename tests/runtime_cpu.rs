@@ -1017,12 +1017,8 @@ fn fp16x3_mode_dispatch() {
     let fused = x3.select(Stage::BwdFused, Dtype::F32, cf, lmax, &none).unwrap();
     assert_eq!(fused.geometry.precision(), Precision::Fp16x3, "{}", fused.name);
     // the mode's chunk width is one: fused and relay fp16x3 tiles share block_k
-    let bk = |e: &KernelEntry| match e.geometry {
-        Geometry::Gemm { block_k, .. } => block_k,
-        Geometry::Rows { .. } => 0,
-    };
     let relay_gemm = x3.select(Stage::BwdGemm, Dtype::F32, cf, lmax, &none).unwrap();
-    assert_eq!(bk(fused), bk(relay_gemm));
+    assert_eq!(fused.geometry.block_k(), relay_gemm.geometry.block_k());
     let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, false);
     assert_eq!((d.reason, d.precision), (Reason::NotRequested, Precision::Fp16x3));
     assert_eq!(exact.decide_backward_path_at(Dtype::F32, cf, lmax, true).precision, Precision::Exact);

@@ -575,13 +575,9 @@ fn fused_fp16x3_tiles_share_the_relays_chunk_width() {
     // The built set: fused fp16x3 instances exist, at the relay's block_k.
     let s = spec::load(&crate_dir().join("specs")).unwrap();
     let exp = expand(&s, None).unwrap();
-    let bk = |g: &mixstack::kinds::Geometry| match *g {
-        mixstack::kinds::Geometry::Gemm { block_k, .. } => block_k,
-        mixstack::kinds::Geometry::Rows { .. } => 0,
-    };
     let x3: Vec<_> = exp.instances.iter().filter(|i| i.geometry.precision() == Precision::Fp16x3).collect();
     assert!(x3.iter().any(|i| i.stage == Stage::BwdFused), "fused fp16x3 instances are built");
-    assert!(x3.iter().all(|i| bk(&i.geometry) == bk(&x3[0].geometry)), "one chunk width");
+    assert!(x3.iter().all(|i| i.geometry.block_k() == x3[0].geometry.block_k()), "one chunk width");
     // A fused fp16x3 tile of another block_k is refused, naming the first.
     let dir = specs_with("tiles.yaml", |t| {
         let line = x3_line(t);

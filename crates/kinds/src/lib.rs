@@ -335,6 +335,14 @@ impl Geometry {
             Geometry::Rows { .. } => Precision::Exact,
         }
     }
+    /// The K chunk of a GEMM tile (in fp16x3 part of the arithmetic); none
+    /// for a row stage.
+    pub fn block_k(&self) -> Option<u32> {
+        match *self {
+            Geometry::Gemm { block_k, .. } => Some(block_k),
+            Geometry::Rows { .. } => None,
+        }
+    }
     /// Edges per block.
     pub fn rows(&self) -> u32 {
         match *self {
