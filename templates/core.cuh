@@ -827,6 +827,55 @@ __device__ __forceinline__ void mma_fresh(float (&c)[4], const unsigned (&a)[4],
 __host__ __device__ constexpr int a_pitch(int bk) { return bk + 8; }
 __host__ __device__ constexpr int b_pitch(int bn) { return bn + 4; }
 
+// The scales of rows g and g + 8 of an m16 A fragment for one chunk (a0:
+// row g, column 2t of the chunk, rows AK apart): each row's max over the
+// quad of lanes holding it, to its power of two (scale_of).
+template <int BK, int AK>
+__device__ __forceinline__ void row_scales(const float* a0, float (&s)[2], float (&inv)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = 0.f;
+#pragma unroll
+    for (int k = 0; k < BK; k += 8) {
+      const float2 v = *reinterpret_cast<const float2*>(a0 + h * 8 * AK + k);
+      mx = fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y)));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    scale_of(mx, s[h], inv[h]);
+  }
+}
+// The k16 step ks of that fragment, scaled and split:
+// a0a1: (g, 2t), a2a3: (g + 8, 2t), a4a5: (g, 2t + 8), a6a7: (g + 8, 2t + 8).
+template <int AK>
+__device__ __forceinline__ void split_a(const float* a0, int ks, const float (&s)[2], unsigned (&ah)[4],
+                                        unsigned (&al)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int h = r % 2;
+    const float2 v = *reinterpret_cast<const float2*>(a0 + h * 8 * AK + ks * 16 + 8 * (r / 2));
+    split2(v.x * s[h], v.y * s[h], ah[r], al[r]);
+  }
+}
+// One k16 step of the three products into NJ n8 tiles: ph = ah bh,
+// pt = ah bl + al bh, fresh at a chunk's first step.
+template <int NJ>
+__device__ __forceinline__ void products(float (&ph)[NJ][4], float (&pt)[NJ][4], const unsigned (&ah)[4],
+                                         const unsigned (&al)[4], const unsigned (&bh)[NJ][2],
+                                         const unsigned (&bl)[NJ][2], bool first) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (first) {
+      mma_fresh(ph[j], ah, bh[j][0], bh[j][1]);
+      mma_fresh(pt[j], ah, bl[j][0], bl[j][1]);
+    } else {
+      mma(ph[j], ah, bh[j][0], bh[j][1]);
+      mma(pt[j], ah, bl[j][0], bl[j][1]);
+    }
+    mma(pt[j], al, bh[j][0], bh[j][1]);
+  }
+}
+
 // One K chunk of a warp's 32 x 32 tile: acc += (A_chunk B_chunk), A rows
 // wm*32.. of the ring's row-major chunk (pitch AK), B its k-major chunk
 // (pitch BP), columns wn*32..
@@ -849,40 +898,13 @@ __device__ __forceinline__ void chunk(float (&acc)[2][4][4], const float* As, co
   for (int i = 0; i < 2; ++i) {
     const float* a0 = As + (wm * 32 + i * 16 + g) * AK + 2 * t;  // row g; row g + 8 at a0 + 8 * AK
     float s[2], inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = 0.f;
-#pragma unroll
-      for (int k = 0; k < BK; k += 8) {
-        const float2 v = *reinterpret_cast<const float2*>(a0 + h * 8 * AK + k);
-        mx = fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y)));
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      scale_of(mx, s[h], inv[h]);
-    }
+    row_scales<BK, AK>(a0, s, inv);
     float ph[4][4], pt[4][4];
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
-      // a0a1: (g, 2t), a2a3: (g + 8, 2t), a4a5: (g, 2t + 8), a6a7: (g + 8, 2t + 8)
       unsigned ah[4], al[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int h = r % 2;
-        const float2 v = *reinterpret_cast<const float2*>(a0 + h * 8 * AK + ks * 16 + 8 * (r / 2));
-        split2(v.x * s[h], v.y * s[h], ah[r], al[r]);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (ks == 0) {
-          mma_fresh(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
-          mma_fresh(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
-        } else {
-          mma(ph[j], ah, bh[ks][j][0], bh[ks][j][1]);
-          mma(pt[j], ah, bl[ks][j][0], bl[ks][j][1]);
-        }
-        mma(pt[j], al, bh[ks][j][0], bh[ks][j][1]);
-      }
+      split_a<AK>(a0, ks, s, ah, al);
+      products(ph, pt, ah, al, bh[ks], bl[ks], ks == 0);
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j)

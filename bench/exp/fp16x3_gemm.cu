@@ -515,24 +515,6 @@ __device__ __forceinline__ float split8(const float* src, uint16_t* head, uint16
   *reinterpret_cast<uint4*>(tail) = l;
   return inv;
 }
-// One k16 step of the three products into a warp's n8 tiles, in v3's order
-// (x3::chunk): ph = ah bh, pt = ah bl + al bh; fresh at a chunk's first step.
-template <int NJ>
-__device__ __forceinline__ void products(float (&ph)[NJ][4], float (&pt)[NJ][4], const unsigned (&ah)[4],
-                                         const unsigned (&al)[4], const unsigned (&bh)[NJ][2],
-                                         const unsigned (&bl)[NJ][2], bool first) {
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-    if (first) {
-      ms::x3::mma_fresh(ph[j], ah, bh[j][0], bh[j][1]);
-      ms::x3::mma_fresh(pt[j], ah, bl[j][0], bl[j][1]);
-    } else {
-      ms::x3::mma(ph[j], ah, bh[j][0], bh[j][1]);
-      ms::x3::mma(pt[j], ah, bl[j][0], bl[j][1]);
-    }
-    ms::x3::mma(pt[j], al, bh[j][0], bh[j][1]);
-  }
-}
 template <int BM, int BK, int ST, int N, int WR, int WC>
 struct Cfg {
   static constexpr int K = N, THREADS = WR * WC * 32, MI = BM / WR / 16, NJ = N / WC / 8;
@@ -634,7 +616,7 @@ __global__ void __launch_bounds__(Cfg<BM, BK, ST, N, WR, WC>::THREADS, MINB)
         const int row = m0 + (mi % 2) * 8 + lane % 8, k = ks * 16 + (mi / 2) * 8;
         ldsm4(ah, ms::smem_addr(hb + row * CF::HP + k));
         ldsm4(al, ms::smem_addr(hb + (BM + row) * CF::HP + k));
-        products(ph, pt, ah, al, bh[ks], bl[ks], ks == 0);
+        ms::x3::products(ph, pt, ah, al, bh[ks], bl[ks], ks == 0);
       }
       const float* inv = sinv + (int)(q % 2) * BM + m0 + g;
       const float inv0 = inv[0], inv1 = inv[8];
@@ -796,7 +778,7 @@ __global__ void __launch_bounds__(Cfg<BM, BN, BK, ST, K>::THREADS, MINB)
         const int row = m0 + (mi % 2) * 8 + lane % 8, k = kc * BK + ks * 16 + (mi / 2) * 8;
         v4::ldsm4(ah, ms::smem_addr(halves + row * CF::HP + k));
         v4::ldsm4(al, ms::smem_addr(halves + (BM + row) * CF::HP + k));
-        v4::products(ph, pt, ah, al, bh[ks], bl[ks], ks == 0);
+        ms::x3::products(ph, pt, ah, al, bh[ks], bl[ks], ks == 0);
       }
       const float inv0 = sinv[kc * BM + m0 + g], inv1 = sinv[kc * BM + m0 + g + 8];
 #pragma unroll
@@ -937,27 +919,10 @@ __global__ void __launch_bounds__(256, 1)
     const int kc = (int)(q % KT);
     const float* as = ring + (int)(q % ST) * 64 * AP + (warp * 16 + g) * AP + 2 * t;  // row g; g + 8 at + 8 AP
     float s[2], inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = 0.f;
-#pragma unroll
-      for (int k = 0; k < BK; k += 8) {
-        const float2 v = *reinterpret_cast<const float2*>(as + h * 8 * AP + k);
-        mx = fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y)));
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      ms::x3::scale_of(mx, s[h], inv[h]);
-    }
+    ms::x3::row_scales<BK, AP>(as, s, inv);
     unsigned ah[BK / 16][4], al[BK / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int h = r % 2;
-        const float2 v = *reinterpret_cast<const float2*>(as + h * 8 * AP + ks * 16 + 8 * (r / 2));
-        ms::x3::split2(v.x * s[h], v.y * s[h], ah[ks][r], al[ks][r]);
-      }
+    for (int ks = 0; ks < BK / 16; ++ks) ms::x3::split_a<AP>(as, ks, s, ah[ks], al[ks]);
     keep(ph);
     keep(pt);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
