@@ -732,12 +732,8 @@ __global__ void __launch_bounds__(Cfg<BM, BN, BK, ST, K>::THREADS, MINB)
   };
   static_assert(BK / 8 == 4, "a quad of threads per row of a chunk");
   float acc[2][4][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+  ms::zero_acc(acc[0]);
+  ms::zero_acc(acc[1]);
   for (int s = 0; s < ST - 1; ++s) {
     if (s < steps) load(s);
     ms::cp_async_commit();
