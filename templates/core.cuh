@@ -288,31 +288,31 @@ __device__ __forceinline__ T gz_of(T g_col, const T* sig_row, const T* gzs_row, 
 // A thread owns TM x TN outputs in 16-byte groups spread over the tile
 // (row i: group i/W at stride TY*W), so one warp's vector loads from
 // shared memory touch consecutive addresses.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD>
+template <typename T, int BM, int BN, int BK, int TM, int TN>
 struct Tile {
   static constexpr int W = Vec<T>::W;
   static constexpr int TX = BN / TN;
   static constexpr int TY = BM / TM;
   static constexpr int THREADS = TX * TY;
-  static constexpr int AS = BM + APAD;  // padded row of the k-major A tile
   static_assert(TM % W == 0 && TN % W == 0, "tm and tn must be multiples of the 16-byte vector width");
   static __device__ __forceinline__ int row(int ty, int i) { return (i / W) * (TY * W) + ty * W + (i % W); }
   static __device__ __forceinline__ int col(int tx, int j) { return (j / W) * (TX * W) + tx * W + (j % W); }
 };
 
-// acc[i][j] += A[row i][kk] * B[kk][col j], kk ascending.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD>
+// acc[i][j] += A[row i][kk] * B[kk][col j], kk ascending; A k-major (rows AP
+// apart), B rows BP apart.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int AP, int BP>
 __device__ __forceinline__ void mma_chunk(T (&acc)[TM][TN], const T* As, const T* Bs,
                                           int ty, int tx) {
-  typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
+  typedef Tile<T, BM, BN, BK, TM, TN> TL;
   constexpr int W = TL::W;
 #pragma unroll
   for (int kk = 0; kk < BK; ++kk) {
     T a[TM], b[TN];
 #pragma unroll
-    for (int i = 0; i < TM; i += W) Vec<T>::load(As + kk * TL::AS + TL::row(ty, i), a + i);
+    for (int i = 0; i < TM; i += W) Vec<T>::load(As + kk * AP + TL::row(ty, i), a + i);
 #pragma unroll
-    for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + kk * BN + TL::col(tx, j), b + j);
+    for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + kk * BP + TL::col(tx, j), b + j);
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -335,11 +335,11 @@ __device__ __forceinline__ int block_col(int N) {
 // past its last read of the A/B stages, which this aliases), so that epi's
 // global accesses walk consecutive columns: coalesced. epi(e, n, v) takes the
 // W accumulators of columns n..n+W-1 (every N is a multiple of W).
-template <typename T, int BM, int BN, int BK, int TM, int TN, int APAD, int SMEM_C, typename Epi>
+template <typename T, int BM, int BN, int BK, int TM, int TN, int CS, int SMEM_C, typename Epi>
 __device__ __forceinline__ void store_tile(const T (&acc)[TM][TN], int ty, int tx, i64 e0, int n0,
                                            i64 E, int N, Epi epi) {
-  typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
-  constexpr int CS = BN + APAD, W = TL::W;
+  typedef Tile<T, BM, BN, BK, TM, TN> TL;
+  constexpr int W = TL::W;
   T* Cs = smem_at<T>(SMEM_C);
 #pragma unroll
   for (int i = 0; i < TM; ++i)
@@ -359,16 +359,16 @@ __device__ __forceinline__ void store_tile(const T (&acc)[TM][TN], int ty, int t
 // computes, then stored to the other shared stage (more registers, fewer
 // stalls); STAGES == 1 loads, syncs and computes in turn. The tile leaves through shared memory
 // so that epi's global accesses are coalesced.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int APAD, int SMEM_A,
-          int SMEM_B, int SMEM_C, typename AAt, typename Epi>
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, typename AAt, typename Epi>
 __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
                                            const T* __restrict__ B, AAt a_at, Epi epi) {
-  typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
-  constexpr int A_STAGE = BK * TL::AS, B_STAGE = BK * BN;
+  typedef Tile<T, BM, BN, BK, TM, TN> TL;
+  constexpr int A_STAGE = BK * S::a_pitch, B_STAGE = BK * S::b_pitch;
+  static_assert(S::b_pitch == BN, "the B chunk is stored by flat index: unpadded rows");
   constexpr int AL = BM * BK / TL::THREADS, BL = BK * BN / TL::THREADS;
   static_assert(BM * BK % TL::THREADS == 0 && BK * BN % TL::THREADS == 0, "uneven chunk loads");
-  T* As = smem_at<T>(SMEM_A);
-  T* Bs = smem_at<T>(SMEM_B);
+  T* As = smem_at<T>(S::a_tile);
+  T* Bs = smem_at<T>(S::b_tile);
   const int tid = threadIdx.x;
   const int tx = tid % TL::TX, ty = tid / TL::TX;
   const i64 e0 = block_row<BM, BN>(N);
@@ -392,7 +392,7 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
 #pragma unroll
     for (int r = 0; r < AL; ++r) {
       const int idx = tid + r * TL::THREADS, m = idx / BK, kk = idx - m * BK;
-      As[stage * A_STAGE + kk * TL::AS + m] = ra[r];
+      As[stage * A_STAGE + kk * S::a_pitch + m] = ra[r];
     }
 #pragma unroll
     for (int r = 0; r < BL; ++r) Bs[stage * B_STAGE + tid + r * TL::THREADS] = rb[r];
@@ -413,7 +413,7 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
     for (int k0 = 0; k0 < K; k0 += BK) {
       const bool more = k0 + BK < K;
       if (more) fetch(k0 + BK);
-      mma_chunk<T, BM, BN, BK, TM, TN, APAD>(acc, As + stage * A_STAGE, Bs + stage * B_STAGE, ty, tx);
+      mma_chunk<T, BM, BN, BK, TM, TN, S::a_pitch, S::b_pitch>(acc, As + stage * A_STAGE, Bs + stage * B_STAGE, ty, tx);
       if (more) stash(stage ^ 1);
       __syncthreads();
       stage ^= 1;
@@ -423,13 +423,13 @@ __device__ __forceinline__ void gemm_block(i64 E, int K, int N,
       fetch(k0);
       stash(0);
       __syncthreads();
-      mma_chunk<T, BM, BN, BK, TM, TN, APAD>(acc, As, Bs, ty, tx);
+      mma_chunk<T, BM, BN, BK, TM, TN, S::a_pitch, S::b_pitch>(acc, As, Bs, ty, tx);
       __syncthreads();
     }
   }
 
   // Out through shared memory (aliases the A/B stages: all reads are done).
-  store_tile<T, BM, BN, BK, TM, TN, APAD, SMEM_C>(acc, ty, tx, e0, n0, E, N, epi);
+  store_tile<T, BM, BN, BK, TM, TN, S::c_pitch, S::c_tile>(acc, ty, tx, e0, n0, E, N, epi);
 }
 
 // ---------------------------------------------------------------------------
@@ -457,10 +457,10 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // acc[i][j] += A[row i][k] * B[k][col j] over one chunk, k ascending; A
-// row-major (stride AK), read W k-values at a time.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int AK>
+// row-major (stride AK), read W k-values at a time; B rows BP apart.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int AK, int BP>
 __device__ __forceinline__ void mma_chunk_rows(T (&acc)[TM][TN], const T* As, const T* Bs, int ty, int tx) {
-  typedef Tile<T, BM, BN, BK, TM, TN, 0> TL;
+  typedef Tile<T, BM, BN, BK, TM, TN> TL;
   constexpr int W = TL::W;
 #pragma unroll
   for (int k4 = 0; k4 < BK; k4 += W) {
@@ -471,7 +471,7 @@ __device__ __forceinline__ void mma_chunk_rows(T (&acc)[TM][TN], const T* As, co
     for (int kk = 0; kk < W; ++kk) {
       T b[TN];
 #pragma unroll
-      for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + (k4 + kk) * BN + TL::col(tx, j), b + j);
+      for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + (k4 + kk) * BP + TL::col(tx, j), b + j);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -480,16 +480,15 @@ __device__ __forceinline__ void mma_chunk_rows(T (&acc)[TM][TN], const T* As, co
   }
 }
 
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int APAD, int SMEM_A,
-          int SMEM_B, int SMEM_C, typename AOp, typename Epi>
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restrict__ B, const AOp& a, Epi epi) {
-  typedef Tile<T, BM, BN, BK, TM, TN, APAD> TL;
+  typedef Tile<T, BM, BN, BK, TM, TN> TL;
   constexpr int W = TL::W;
-  constexpr int AK = BK + APAD;  // padded row of the row-major A tile
-  constexpr int A_STAGE = BM * AK, B_STAGE = BK * BN;
+  constexpr int AK = S::a_pitch;  // row-major A tile
+  constexpr int A_STAGE = BM * AK, B_STAGE = BK * S::b_pitch;
   static_assert(BK % W == 0 && BN % W == 0, "chunks of whole 16-byte vectors");
-  T* As = smem_at<T>(SMEM_A);
-  T* Bs = smem_at<T>(SMEM_B);
+  T* As = smem_at<T>(S::a_tile);
+  T* Bs = smem_at<T>(S::b_tile);
   const int tid = threadIdx.x;
   const int tx = tid % TL::TX, ty = tid / TL::TX;
   const i64 e0 = block_row<BM, BN>(N);
@@ -503,7 +502,7 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
     for (int v = tid; v < BK * BN / W; v += TL::THREADS) {
       const int kk = v / (BN / W), n = (v - kk * (BN / W)) * W;
       const bool ok = n0 + n < N;
-      cp_async16(bs + kk * BN + n, B + (ok ? (i64)(k0 + kk) * N + n0 + n : 0), ok ? 16 : 0);
+      cp_async16(bs + kk * S::b_pitch + n, B + (ok ? (i64)(k0 + kk) * N + n0 + n : 0), ok ? 16 : 0);
     }
     for (int v = tid; v < BM * BK / W; v += TL::THREADS) {
       const int m = v / (BK / W), k = (v - m * (BK / W)) * W;
@@ -529,12 +528,13 @@ __device__ __forceinline__ void gemm_pipe(i64 E, int K, int N, const T* __restri
     __syncthreads();  // chunk kt is in; everyone is done with chunk kt-1's stage
     if (kt + STAGES - 1 < KT) load(kt + STAGES - 1);
     cp_async_commit();
-    mma_chunk_rows<T, BM, BN, BK, TM, TN, AK>(acc, As + (kt % STAGES) * A_STAGE, Bs + (kt % STAGES) * B_STAGE, ty, tx);
+    mma_chunk_rows<T, BM, BN, BK, TM, TN, AK, S::b_pitch>(acc, As + (kt % STAGES) * A_STAGE,
+                                                         Bs + (kt % STAGES) * B_STAGE, ty, tx);
   }
   cp_async_wait<0>();
   __syncthreads();
 
-  store_tile<T, BM, BN, BK, TM, TN, APAD, SMEM_C>(acc, ty, tx, e0, n0, E, N, epi);
+  store_tile<T, BM, BN, BK, TM, TN, S::c_pitch, S::c_tile>(acc, ty, tx, e0, n0, E, N, epi);
 }
 
 // ---------------------------------------------------------------------------
@@ -624,8 +624,8 @@ struct TileWalk {
 
 // acc[i][j] += A[ty + i*TY][k] * B[k][tx*W + (j/W)*TX*W + j%W] over one
 // chunk, k ascending; A row-major (rows ak elements apart: a ring chunk's
-// padded row, or the fused panel's), read W k-values at a time.
-template <typename T, int BM, int BN, int BK, int TM, int TN>
+// padded row, or the fused panel's), read W k-values at a time; B rows BP apart.
+template <typename T, int BM, int BN, int BK, int TM, int TN, int BP>
 __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, int ak, const T* Bs, int ty, int tx) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM;
 #pragma unroll
@@ -637,7 +637,7 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, int ak
     for (int kk = 0; kk < W; ++kk) {
       T b[TN];
 #pragma unroll
-      for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + (k4 + kk) * BN + tx * W + (j / W) * TX * W, b + j);
+      for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + (k4 + kk) * BP + tx * W + (j / W) * TX * W, b + j);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -757,18 +757,16 @@ __device__ __forceinline__ void stream_walk(i64 E, int K, int N, const T* __rest
 
 // The exact core on stream_walk (PIPE == 2): thread (ty, tx) owns TM x TN
 // outputs (mma_stream's layout); the epilogue leaves from registers.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B,
-          typename AOp, typename Epi>
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
                                             Epi epi) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
-  constexpr int AK = BK + W;  // padded row of the row-major A chunk
   static_assert(TN % W == 0, "whole 16-byte vectors");
   const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
   T acc[TM][TN];
-  stream_walk<T, BM, BN, BK, STAGES, THREADS, AK, BN, SMEM_A, SMEM_B>(
+  stream_walk<T, BM, BN, BK, STAGES, THREADS, S::a_pitch, S::b_pitch, S::a_tile, S::b_tile>(
       E, K, N, B, a, [&] { zero_acc(acc); },
-      [&](const T* as, const T* bs) { mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, bs, ty, tx); },
+      [&](const T* as, const T* bs) { mma_stream<T, BM, BN, BK, TM, TN, S::b_pitch>(acc, as, S::a_pitch, bs, ty, tx); },
       [&](i64 e0, int n0) { store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, n0, E, N, 0, epi); });
 }
 
@@ -821,11 +819,6 @@ __device__ __forceinline__ void mma_fresh(float (&c)[4], const unsigned (&a)[4],
       : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
-
-// Shared-memory pitches of the ring (floats): A rows BK + 8 apart and B
-// rows BN + 4 apart make the fragment loads conflict-free.
-__host__ __device__ constexpr int a_pitch(int bk) { return bk + 8; }
-__host__ __device__ constexpr int b_pitch(int bn) { return bn + 4; }
 
 // The scales of rows g and g + 8 of an m16 A fragment for one chunk (a0:
 // row g, column 2t of the chunk, rows AK apart): each row's max over the
@@ -952,7 +945,7 @@ __device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int
 // weights: subtile 0's gz is gz_s, never copied, while it runs), or on
 // producer threads a row block ahead (pipe: split, P > 0: below). Each
 // output element still accumulates k ascending from zero (chunk by chunk,
-// mma_stream), then epi. PREC 1 (fp16x3): the same walk at x3's pitches,
+// mma_stream), then epi. PREC 1 (fp16x3): the same walk at the layout's fp16x3 pitches,
 // each chunk through x3::chunk (gemm_x3's core, so the same products and
 // folds per output element as the relay's fp16x3 GEMM), stored by x3::store.
 
@@ -1018,12 +1011,12 @@ struct ChunkGz {
 // With P == 0 the whole block runs a.tile(e0) at each row block's first
 // chunk, between block barriers.
 
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int SMEM_A, int SMEM_B, int P, int PREC,
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, int P, int PREC,
           typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY, ALL = P + THREADS;
-  // padded rows of the row-major A chunk and the k-major B chunk
-  constexpr int AK = PREC ? x3::a_pitch(BK) : BK + W, BP = PREC ? x3::b_pitch(BN) : BN;
+  // rows of the row-major A chunk and the k-major B chunk (the layout's)
+  constexpr int AK = S::a_pitch, BP = S::b_pitch;
   constexpr int A_STAGE = BM * AK, B_STAGE = BK * BP;
   static_assert(PREC == 0 || (TM == 8 && TN == 4 && BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0),
                 "fp16x3: one warp per 32 x 32 tile, whole m16n8k16 steps (checked by the spec)");
@@ -1053,8 +1046,8 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       __syncthreads();
     }
   };
-  T* As = smem_at<T>(SMEM_A);
-  T* Bs = smem_at<T>(SMEM_B);
+  T* As = smem_at<T>(S::a_tile);
+  T* Bs = smem_at<T>(S::b_tile);
   const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
   const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
   const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
@@ -1165,7 +1158,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       }
     }
     if constexpr (PREC == 0) {
-      mma_stream<T, BM, BN, BK, TM, TN>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
+      mma_stream<T, BM, BN, BK, TM, TN, BP>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
     } else {
       x3::chunk<BK, AK, BP>(acc3, as, Bs + cst * B_STAGE, wm, wn, lane);
     }
@@ -1200,11 +1193,11 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
 // epi.
 
 
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int P, int SMEM_B, typename AOp,
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int P, typename S, typename AOp,
           typename Epi>
 __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, C = TX * TY, ALL = P + C;
-  constexpr int B_STAGE = BK * BN;
+  constexpr int B_STAGE = BK * S::b_pitch;
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   static_assert(P % 32 == 0 && C % 32 == 0, "whole warps on each side");
   static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
@@ -1228,13 +1221,13 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
   }
 
   const int tid = threadIdx.x - P, tx = tid % TX, ty = tid / TX;
-  T* Bs = smem_at<T>(SMEM_B);
+  T* Bs = smem_at<T>(S::b_tile);
   const T* panel = a.panel();
   const int ps = a.panel_stride();
   const int kt0 = seg0.N / BK, kt1 = seg1.N / BK;
   const int ct0 = (seg0.N + BN - 1) / BN, ct1 = (seg1.N + BN - 1) / BN;
   const i64 nq = ((nrb - 1 - blockIdx.x) / gridDim.x + 1) * (kt0 * ct0 + kt1 * ct1);
-  const ChunkCopy<T, BK, BN / W, C, BN> copy_b(tid);
+  const ChunkCopy<T, BK, BN / W, C, S::b_pitch> copy_b(tid);
   const unsigned bs0 = smem_addr(Bs);
 
   // B loader, STAGES - 1 chunks ahead: segment ls, column tile ln0, K chunk
@@ -1273,7 +1266,7 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
     if (lq < nq) load_next();
     cp_async_commit();
     const int off = cw.s ? seg1.off : seg0.off;
-    mma_stream<T, BM, BN, BK, TM, TN>(acc, panel + off + cw.kt * BK, ps, Bs + cst * B_STAGE, ty, tx);
+    mma_stream<T, BM, BN, BK, TM, TN, S::b_pitch>(acc, panel + off + cw.kt * BK, ps, Bs + cst * B_STAGE, ty, tx);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (cw.kt == kts - 1) {
       // The segment's last read of the panel: hand it back if another row block follows.
@@ -1307,14 +1300,12 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
 // are per chunk), so every fp16x3 tile has one BLOCK_K (checked by the spec).
 
 // C = epi(A @ B) by the fp16x3 core on stream_walk (gemm_stream's walk and
-// ring, at x3's pitches): (BM / 32) x (BN / 32) warps, each a 32 x 32 tile
+// ring, at the layout's fp16x3 pitches): (BM / 32) x (BN / 32) warps, each a 32 x 32 tile
 // (tm 8 x tn 4 per thread).
-template <int BM, int BN, int BK, int STAGES, int SMEM_A, int SMEM_B, typename AOp, typename Epi>
+template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
-  constexpr int THREADS = BM * BN / 32, AK = x3::a_pitch(BK), BP = x3::b_pitch(BN);
+  constexpr int THREADS = BM * BN / 32, AK = S::a_pitch, BP = S::b_pitch;
   static_assert(BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0, "whole warp tiles and m16n8k16 steps");
-  static_assert(SMEM_B >= SMEM_A + STAGES * BM * AK * 4 || SMEM_A >= SMEM_B + STAGES * BK * BP * 4,
-                "the A and B rings overlap: layout.rs and x3's pitches disagree");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wm = warp / (BN / 32), wn = warp % (BN / 32);
   float acc[2][4][4];
@@ -1326,7 +1317,7 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
   };
-  stream_walk<float, BM, BN, BK, STAGES, THREADS, AK, BP, SMEM_A, SMEM_B>(
+  stream_walk<float, BM, BN, BK, STAGES, THREADS, AK, BP, S::a_tile, S::b_tile>(
       E, K, N, B, a, zero, [&](const float* as, const float* bs) { x3::chunk<BK, AK, BP>(acc, as, bs, wm, wn, lane); },
       [&](i64 e0, int n0) { x3::store(acc, wm, wn, lane, e0, n0, E, N, epi); });
 }
@@ -1335,20 +1326,20 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 // gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring), and
 // with PREC 1 (fp16x3) gemm_x3 on the stream walk; A a plain surface
 // (SurfaceA). The fused backward has its own walk, gemm_rowblock.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, int APAD,
-          int SMEM_A, int SMEM_B, int SMEM_C, typename AOp, typename Epi>
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S,
+          typename AOp, typename Epi>
 __device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi) {
   if constexpr (PREC == 1) {
     static_assert(PIPE == 2 && TM == 8 && TN == 4, "fp16x3 tiles: pipe stream, tm 8, tn 4 (checked by the spec)");
-    gemm_x3<BM, BN, BK, STAGES, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
+    gemm_x3<BM, BN, BK, STAGES, S>(E, K, N, B, a, epi);
   } else if constexpr (PIPE == 2) {
-    gemm_stream<T, BM, BN, BK, TM, TN, STAGES, SMEM_A, SMEM_B>(E, K, N, B, a, epi);
+    gemm_stream<T, BM, BN, BK, TM, TN, STAGES, S>(E, K, N, B, a, epi);
   } else {
     auto a_at = [&](int, i64 e, int k) { return a.row(e)[k]; };
     if constexpr (PIPE == 0) {
-      gemm_block<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a_at, epi);
+      gemm_block<T, BM, BN, BK, TM, TN, STAGES, S>(E, K, N, B, a_at, epi);
     } else {
-      gemm_pipe<T, BM, BN, BK, TM, TN, STAGES, APAD, SMEM_A, SMEM_B, SMEM_C>(E, K, N, B, a, epi);
+      gemm_pipe<T, BM, BN, BK, TM, TN, STAGES, S>(E, K, N, B, a, epi);
     }
   }
 }

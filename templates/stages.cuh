@@ -83,7 +83,7 @@ __device__ __forceinline__ void fwd_m0(const T* __restrict__ u, const T* __restr
   const T* uf = u + (i64)f * E * d.ROW;
   T* zf = z + (i64)f * E * d.ROW;
   SurfaceA<T> a{uf, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
       E, d.M0, d.M0, w0 + (i64)f * d.M0 * d.M0, a,
       [&](i64 e, int n, const T* v) { Vec<T>::store(zf + e * d.ROW + n, v); });
 }
@@ -266,7 +266,7 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
   const T* uf = u + base;
   const T* sigf = sig + (i64)f * E * d.LG;
   SurfaceA<T> a{uf + d.M0, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
       E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         const i64 at = base + e * d.ROW + d.M0 + n;
@@ -291,7 +291,7 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const T* uf = u + (i64)f * E * d.ROW + off;
   SurfaceA<T> a{uf, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
       E, K, K, w + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         T x[W];
@@ -364,7 +364,7 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   SurfaceA<T> a{grad_out + (i64)f * d.ROW + off, (i64)F * d.ROW};
   T* gf = g + (i64)f * E * d.ROW + off;
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
       E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         T x[W];
@@ -441,7 +441,7 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const i64 base = (i64)f * E * d.ROW + off;
   SurfaceA<T> a{gz + base, d.ROW};
-  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S::apad, S::a_tile, S::b_tile, S::c_tile>(
+  gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
       E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         const i64 at = base + e * d.ROW + n;
         store_residual<T>(g_next + at, g + at, v);
@@ -629,13 +629,13 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
   if constexpr (PIPE == 3) {
     GzPanel<T, CF, BM, S::producers, S> a{
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
-    gemm_ws<T, BM, BN, BK, TM, TN, STAGES, S::producers, S::b_tile>(E, seg0, seg1, a, epi);
+    gemm_ws<T, BM, BN, BK, TM, TN, STAGES, S::producers, S>(E, seg0, seg1, a, epi);
   } else {
     // The per-row work's threads: the producers (split) or the whole block.
     constexpr int P = PIPE == 4 ? S::producers : 0, ROW_THREADS = P ? P : (BM / TM) * (BN / TN);
     GzRows<T, CF, BM, ROW_THREADS, S> a{
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
-    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S::a_tile, S::b_tile, P, PREC>(E, seg0, seg1, a, epi);
+    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S, P, PREC>(E, seg0, seg1, a, epi);
   }
 }
 

@@ -436,17 +436,20 @@ float run(const float* dA, const float* dB, float* dC, long long R, int K, int N
 // plain store epilogue, launched as the runtime launches a streaming tile:
 // as many blocks as are resident.
 namespace v3 {
+// The ring as crates/gen/src/layout.rs places an fp16x3 tile's (the
+// instance's Smem): A rows of BK + 8 floats, then B rows of BN + 4.
 template <int TBM, int TBK, int TST>
 struct Cfg {
   static constexpr int THREADS = TBM * 64 / 32;
-  static constexpr int SMEM_B = TST * TBM * ms::x3::a_pitch(TBK) * 4;
-  static constexpr int SMEM = SMEM_B + TST * TBK * ms::x3::b_pitch(64) * 4;
+  static constexpr int a_pitch = TBK + 8, b_pitch = 64 + 4;
+  static constexpr int a_tile = 0, b_tile = TST * TBM * a_pitch * 4;
+  static constexpr int SMEM = b_tile + TST * TBK * b_pitch * 4;
 };
 template <int TBM, int TBK, int TST, int MINB>
 __global__ void __launch_bounds__(Cfg<TBM, TBK, TST>::THREADS, MINB)
     core(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, long long R, int K, int N) {
   ms::SurfaceA<float> a{A, K};
-  ms::gemm_x3<TBM, 64, TBK, TST, 0, Cfg<TBM, TBK, TST>::SMEM_B>(
+  ms::gemm_x3<TBM, 64, TBK, TST, Cfg<TBM, TBK, TST>>(
       R, K, N, B, a, [&](ms::i64 e, int n, const float* v) { ms::Vec<float>::store(C + e * N + n, v); });
 }
 template <int TBM, int TBK, int TST, int MINB>

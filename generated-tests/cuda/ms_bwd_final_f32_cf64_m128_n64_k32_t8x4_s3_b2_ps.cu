@@ -8,6 +8,9 @@
 namespace {
 struct Smem {
   static constexpr int apad = 4;
+  static constexpr int a_pitch = 36;
+  static constexpr int b_pitch = 64;
+  static constexpr int c_pitch = 68;
   static constexpr int a_tile = 0;
   static constexpr int b_tile = 55296;
   static constexpr int s_rows = -1;

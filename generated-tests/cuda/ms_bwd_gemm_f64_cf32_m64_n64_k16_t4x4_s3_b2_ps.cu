@@ -8,6 +8,9 @@
 namespace {
 struct Smem {
   static constexpr int apad = 2;
+  static constexpr int a_pitch = 18;
+  static constexpr int b_pitch = 64;
+  static constexpr int c_pitch = 66;
   static constexpr int a_tile = 0;
   static constexpr int b_tile = 27648;
   static constexpr int s_rows = -1;

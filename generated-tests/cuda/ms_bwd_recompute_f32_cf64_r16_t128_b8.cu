@@ -8,6 +8,9 @@
 namespace {
 struct Smem {
   static constexpr int apad = 4;
+  static constexpr int a_pitch = -1;
+  static constexpr int b_pitch = -1;
+  static constexpr int c_pitch = -1;
   static constexpr int a_tile = -1;
   static constexpr int b_tile = -1;
   static constexpr int s_rows = 0;

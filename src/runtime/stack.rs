@@ -193,6 +193,22 @@ impl BackwardPtrs {
     }
 }
 
+/// The buffers of a raw call ([`ForwardPtrs`], [`BackwardPtrs`]), checked
+/// again where a call checked for one shape reaches a stack of another.
+trait RawPtrs: Copy {
+    fn check_for<T: Element>(self, shape: StackShape, e: usize) -> Result<Checked<T, Self>, MixError>;
+}
+impl RawPtrs for ForwardPtrs {
+    fn check_for<T: Element>(self, shape: StackShape, e: usize) -> Result<Checked<T, Self>, MixError> {
+        self.check(shape, e)
+    }
+}
+impl RawPtrs for BackwardPtrs {
+    fn check_for<T: Element>(self, shape: StackShape, e: usize) -> Result<Checked<T, Self>, MixError> {
+        self.check(shape, e)
+    }
+}
+
 /// Device weights one call borrows instead of the stack's own (layouts of
 /// [`Stack::new`]): the forward reads W0, W1 and GW.
 #[derive(Clone, Copy, Debug)]
@@ -645,6 +661,29 @@ impl<T: Element> Stack<T> {
     // Raw API (caller-owned buffers, e.g. behind a C ABI)
     // ------------------------------------------------------------------
 
+    /// `call` as checked for this stack: buffers checked for another shape
+    /// (another stack's) are checked again for this one.
+    fn for_this_shape<P: RawPtrs>(&self, call: &Checked<T, P>) -> Result<Checked<T, P>, MixError> {
+        if call.shape == self.shape {
+            Ok(*call)
+        } else {
+            call.ptrs.check_for(self.shape, call.e)
+        }
+    }
+
+    /// [`Stack::for_this_shape`] for buffers with borrowed weights, which
+    /// are checked again too.
+    fn for_this_shape_with<P: RawPtrs, W: CallWeights>(
+        &self,
+        call: &Checked<T, (P, W)>,
+    ) -> Result<(Checked<T, P>, W), MixError> {
+        let (ptrs, weights) = call.ptrs;
+        if call.shape != self.shape {
+            weights.check(&self.shape)?;
+        }
+        Ok((self.for_this_shape(&Checked { shape: call.shape, e: call.e, ptrs, elem: PhantomData })?, weights))
+    }
+
     /// Forward on caller-owned buffers, checked by [`ForwardPtrs::check`].
     /// Scratch is allocated (and accounted) here; the outputs are not.
     ///
@@ -680,13 +719,7 @@ impl<T: Element> Stack<T> {
         apply_alpha: bool,
         opts: &ForwardOptions,
     ) -> Result<(), MixError> {
-        let (ptrs, weights) = call.ptrs;
-        let (ptrs, weights) = if call.shape == self.shape {
-            (Checked { shape: call.shape, e: call.e, ptrs, elem: PhantomData }, weights)
-        } else {
-            weights.check(&self.shape)?;
-            (ptrs.check(self.shape, call.e)?, weights)
-        };
+        let (ptrs, weights) = self.for_this_shape_with(call)?;
         // SAFETY: the caller's contract, as documented above.
         unsafe { self.forward_raw_inner(stream, &ptrs, Some(&weights), apply_alpha, opts) }
     }
@@ -703,8 +736,7 @@ impl<T: Element> Stack<T> {
         let (cf, lmax) = (self.shape.cf as u32, self.shape.lmax as u32);
         let dispatch = self.dispatch_in(opts.precision, weights.is_none())?;
         dispatch.validate_forward_override(T::DTYPE, cf, lmax, &opts.tiles)?;
-        // Checked for another shape (another stack's): check for this one.
-        let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
+        let call = self.for_this_shape(call)?;
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));
         if call.e > 0 {
             self.forward_core(stream, call.e, &call.ptrs, weights, apply_alpha, &dispatch, &opts.tiles, &mut tr)?;
@@ -742,13 +774,7 @@ impl<T: Element> Stack<T> {
         apply_alpha: bool,
         opts: &BackwardOptions,
     ) -> Result<PathDecision, MixError> {
-        let (ptrs, weights) = call.ptrs;
-        let (ptrs, weights) = if call.shape == self.shape {
-            (Checked { shape: call.shape, e: call.e, ptrs, elem: PhantomData }, weights)
-        } else {
-            weights.check(&self.shape)?;
-            (ptrs.check(self.shape, call.e)?, weights)
-        };
+        let (ptrs, weights) = self.for_this_shape_with(call)?;
         // SAFETY: the caller's contract, as documented above.
         unsafe { self.backward_raw_inner(stream, &ptrs, Some(&weights), apply_alpha, opts) }
     }
@@ -762,8 +788,7 @@ impl<T: Element> Stack<T> {
         opts: &BackwardOptions,
     ) -> Result<PathDecision, MixError> {
         self.check_stream(stream)?;
-        // As in forward_raw.
-        let call = if call.shape == self.shape { *call } else { call.ptrs.check(self.shape, call.e)? };
+        let call = self.for_this_shape(call)?;
         let plan = self.backward_choice(opts, weights.is_none())?;
         *lock(&self.last_path) = Some(plan.decision);
         let mut tr = Tracker::new(stream, self.pool.as_ref(), &self.kernels.fault, self.poison.load(Ordering::Relaxed));

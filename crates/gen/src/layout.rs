@@ -13,8 +13,14 @@ pub const GLOG_SUB_ROWS: u32 = 16;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Layout {
-    /// Padding of the k-major A tile rows (keeps 16-byte alignment).
+    /// 16 bytes in elements: the pad of a row of the ws panel.
     pub apad: u32,
+    /// Pitches in elements of the GEMM rings' rows (None for row stages):
+    /// A's chunk (k-major for `pipe: regs`, rows of BLOCK_M + pad; row-major
+    /// otherwise, rows of BLOCK_K + pad), B's k-major chunk, the C tile.
+    pub a_pitch: Option<u32>,
+    pub b_pitch: Option<u32>,
+    pub c_pitch: Option<u32>,
     /// Byte offsets of the fixed buffers (absent ones: None).
     pub a_tile: Option<u32>,
     pub b_tile: Option<u32>,
@@ -59,10 +65,20 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         Geometry::Gemm { block_m, bn, block_k, stages, pipe, .. } => (block_m, bn, block_k, stages, pipe),
         Geometry::Rows { rows, .. } => (rows, 0, 0, 0, crate::kinds::Pipe::Regs),
     };
-    // The fp16x3 core (core.cuh: gemm_x3) pads its ring's rows for
-    // conflict-free fragment loads: A rows of BK + 8 floats, B rows of BN + 4
-    // (x3::a_pitch, x3::b_pitch).
+    // A 16-byte pad per row keeps vector accesses aligned and spreads a
+    // warp's column reads over the banks. The fp16x3 core (core.cuh: x3)
+    // pads for conflict-free mma fragment loads instead: A rows of BK + 8
+    // floats, B rows of BN + 4.
     let x3 = g.precision() == crate::kinds::Precision::Fp16x3;
+    let (a_rows, a_pitch, b_pitch) = match pipe {
+        _ if x3 => (bm, bk.saturating_add(8), bn.saturating_add(4)),
+        crate::kinds::Pipe::Regs => (bk, bm.saturating_add(apad), bn),
+        crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws | crate::kinds::Pipe::Split => {
+            (bm, bk.saturating_add(apad), bn)
+        }
+    };
+    let c_pitch = bn.saturating_add(apad);
+    let gemm = matches!(g, Geometry::Gemm { .. });
     let mut at = 0u32;
     let mut place = |bytes: u32| {
         let off = at;
@@ -71,6 +87,9 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     };
     let mut l = Layout {
         apad,
+        a_pitch: gemm.then_some(a_pitch),
+        b_pitch: gemm.then_some(b_pitch),
+        c_pitch: gemm.then_some(c_pitch),
         a_tile: None,
         b_tile: None,
         s_rows: None,
@@ -93,31 +112,20 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let sets = if pipe == crate::kinds::Pipe::Split { 2 } else { 1 };
     for b in bufs {
         match b {
-            // With two stages the next K chunk is stored while this one computes.
-            // regs: A k-major (bk rows of bm + pad); async: row-major (bm rows of bk + pad).
-            SmemBuf::ATile if x3 => l.a_tile = place(prod(&[stages, bm, bk.saturating_add(8), sz])),
-            SmemBuf::BTile if x3 => l.b_tile = place(prod(&[stages, bk, bn.saturating_add(4), sz])),
-            SmemBuf::ATile => {
-                l.a_tile = match pipe {
-                    crate::kinds::Pipe::Regs => place(prod(&[stages, bk, bm.saturating_add(apad), sz])),
-                    crate::kinds::Pipe::Async
-                    | crate::kinds::Pipe::Stream
-                    | crate::kinds::Pipe::Ws
-                    | crate::kinds::Pipe::Split => place(prod(&[stages, bm, bk.saturating_add(apad), sz])),
-                }
-            }
-            SmemBuf::BTile => l.b_tile = place(prod(&[stages, bk, bn, sz])),
+            // A ring of `stages` chunks: the next ones load while one computes.
+            SmemBuf::ATile => l.a_tile = place(prod(&[stages, a_rows, a_pitch, sz])),
+            SmemBuf::BTile => l.b_tile = place(prod(&[stages, bk, b_pitch, sz])),
             SmemBuf::SRows => l.s_rows = place(prod(&[sets, rows, cf, sz])),
             SmemBuf::GzsRows => l.gzs_rows = place(prod(&[rows, cf, sz])),
             _ => {}
         }
     }
     l.fixed = at;
-    if matches!(g, Geometry::Gemm { .. }) {
+    if gemm {
         l.c_tile = Some(0);
         // The streaming pipes' epilogue leaves from registers: no C tile.
         if !matches!(pipe, crate::kinds::Pipe::Stream | crate::kinds::Pipe::Split) {
-            l.fixed = l.fixed.max(align16(prod(&[bm, bn.saturating_add(apad), sz])));
+            l.fixed = l.fixed.max(align16(prod(&[bm, c_pitch, sz])));
         }
     }
     let mut slots = 0u32;
@@ -157,7 +165,7 @@ fn ws_layout(mut l: Layout, bufs: &[SmemBuf], sz: u32, cf: u32, bm: u32, bk: u32
         at = align16(at.saturating_add(bytes));
         off
     };
-    l.b_tile = Some(place(prod(&[stages, bk, bn, sz])));
+    l.b_tile = Some(place(prod(&[stages, bk, l.b_pitch.unwrap_or(bn), sz])));
     if bufs.contains(&SmemBuf::SRows) {
         l.s_rows = Some(place(prod(&[bm, cf, sz])));
     }

@@ -167,6 +167,9 @@ impl Renderer {
         let opt = |v: Option<u32>| v.map(i64::from).unwrap_or(-1);
         let consts: Vec<(&str, i64)> = vec![
             ("apad", l.apad.into()),
+            ("a_pitch", opt(l.a_pitch)),
+            ("b_pitch", opt(l.b_pitch)),
+            ("c_pitch", opt(l.c_pitch)),
             ("a_tile", opt(l.a_tile)),
             ("b_tile", opt(l.b_tile)),
             ("s_rows", opt(l.s_rows)),
