@@ -5,12 +5,14 @@
 
 use super::CliResult;
 use mixstack::kinds::Dtype;
+use mixstack::runtime::chunk;
 use mixstack::runtime::dispatch::{Dispatch, TileOverride};
 use mixstack::runtime::plan::{Machine, Planner};
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
 
-/// The shape and the machine of a plan to print (defaults: the seed).
+/// The shape and the machine of a plan to print (defaults: the seed's shape,
+/// F 2, Cf 32, lmax 3, 3 layers, at 1,000 edges).
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
     #[arg(long, default_value = "f32")]
@@ -32,8 +34,9 @@ pub struct PlanArgs {
     /// Plan as if cuBLAS were not available (it is taken where it serves).
     #[arg(long)]
     no_cublas: bool,
-    /// Scratch cap in bytes (default: none; chunks appear below E * scratch per edge).
-    #[arg(long)]
+    /// Scratch cap, spelt as MIXSTACK_SCRATCH_CAP: bytes, or with a K, M, G
+    /// or T suffix (default: none; chunks appear below E * scratch per edge).
+    #[arg(long, value_parser = cap_arg)]
     cap: Option<u64>,
     /// Opt-in shared memory per block the plan may use (default: the
     /// flagship of the arch serving --cc: 227 KiB for H100 / H200).
@@ -49,6 +52,11 @@ pub struct PlanArgs {
     /// newest arch built. Without --plan, prints the dispatch table it gets.
     #[arg(long)]
     pub cc: Option<u32>,
+}
+
+/// `--cap` by the runtime's own parser ([`chunk::parse_cap`]).
+fn cap_arg(s: &str) -> Result<u64, String> {
+    chunk::parse_cap(s).map_err(|_| chunk::CAP_SPELLINGS.to_string())
 }
 
 fn dispatch(a: &PlanArgs) -> Result<&'static Dispatch<'static>, Box<dyn std::error::Error>> {
