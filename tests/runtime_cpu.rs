@@ -8,7 +8,7 @@ use mixstack::runtime::dispatch::{
 use mixstack::runtime::error::{MixError, ShapeParam};
 use mixstack::runtime::launch::launch_config;
 use mixstack::runtime::precision::{parse_precision, PrecisionMode, PRECISION_ENV};
-use mixstack::runtime::shape::StackShape;
+use mixstack::runtime::shape::{StackShape, MAX_EDGES, MAX_LAYERS};
 use mixstack::runtime::stack::validate_shape;
 use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
 use mixstack::runtime::table::{self, Arch, Dtype, Geometry, KernelEntry, Precision, Stage, Variant};
@@ -604,6 +604,12 @@ fn validate_shape_params() {
     assert_eq!(param(StackShape::new(2, 32, 0, 3)), ShapeParam::Lmax);
     assert_eq!(param(StackShape::new(2, 32, 7, 3)), ShapeParam::Lmax);
     assert_eq!(param(StackShape::new(2, 32, 3, 0)), ShapeParam::NLayers);
+    // Bounded: a shape `supports` accepts is one a stack can be made with
+    // and a call can plan (1 << 40 layers passed before, to fail later).
+    validate_shape::<f32>(&d, &StackShape::new(2, 32, 3, MAX_LAYERS)).unwrap();
+    for n in [MAX_LAYERS + 1, 1 << 40, usize::MAX] {
+        assert_eq!(param(StackShape::new(2, 32, 3, n)), ShapeParam::NLayers);
+    }
 }
 
 #[test]
@@ -620,7 +626,40 @@ fn shape_arithmetic() {
     ));
     assert!(matches!(s.z_all_len(usize::MAX / 4), Err(MixError::SizeOverflow { .. })));
     assert!(s.check_edges(646_000, 4).is_ok());
-    assert!(matches!(s.check_edges(usize::MAX / 1000, 8), Err(MixError::SizeOverflow { .. })));
+    // E itself is bounded (the steps of a call are planned ahead)...
+    assert!(s.check_edges(MAX_EDGES, 8).is_ok());
+    for e in [MAX_EDGES + 1, usize::MAX / 1000] {
+        assert!(matches!(s.check_edges(e, 8), Err(MixError::UnsupportedShape { param: ShapeParam::E, .. })));
+    }
+    // ...and within it the byte sizes of a large shape still overflow.
+    let big = StackShape::new(65_535, 128, 6, MAX_LAYERS);
+    assert!(matches!(big.check_edges(MAX_EDGES, 8), Err(MixError::SizeOverflow { .. })));
+    // Sizes of shapes no stack accepts saturate into refusals, not panics.
+    let absurd = StackShape::new(usize::MAX, usize::MAX / 2, usize::MAX, usize::MAX);
+    assert_eq!((absurd.w0_len(), absurd.w1_len(), absurd.gw_len()), (None, None, None));
+    assert!(absurd.surface_len(1).is_err() && absurd.check_edges(1, 4).is_err());
+    assert!(absurd.edges_from("u0", 640).is_err());
+}
+
+#[test]
+fn a_cap_that_cuts_a_call_into_too_many_chunks_is_refused() {
+    use mixstack::runtime::chunk::{plan, Chunking, MAX_CHUNKS};
+    // The seed's edges at 4,228 bytes a row: a cap of one row would plan
+    // 646,000 chunks (23 million steps).
+    let e = 646_000;
+    let smallest = (e as u64).div_ceil(MAX_CHUNKS);
+    match plan(2, e, 4228, 4228, 1, 4300) {
+        Err(MixError::ScratchCap { min_rows, .. }) => assert_eq!(min_rows, smallest),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plan(2, e, 4228, 4228, 1, smallest * 4228).unwrap(), Chunking::Chunks { rows: smallest as usize });
+    // Granules (cuBLAS pieces) round the smallest chunk up.
+    match plan(1, 65_536 * 32_768 + 1, 100, 100, 32_768, 32_768 * 100) {
+        Err(MixError::ScratchCap { min_rows, .. }) => assert_eq!(min_rows, 32_768 * 2),
+        other => panic!("{other:?}"),
+    }
+    // Small calls chunk as finely as the cap says.
+    assert_eq!(plan(1, 2001, 64, 64, 1, 64 * 100).unwrap(), Chunking::Chunks { rows: 100 });
 }
 
 // ----------------------------------------------------------------------
@@ -753,7 +792,7 @@ fn chunk_plan_bounds_scratch() {
         other => panic!("expected ScratchCap, got {other:?}"),
     }
     // sizes that overflow u64 chunk rather than wrap
-    assert!(matches!(plan(usize::MAX, usize::MAX, 8, 8, 1, 1 << 30).unwrap(), Chunking::Chunks { .. }));
+    assert!(matches!(plan(usize::MAX, 1 << 20, 8, 8, 1, 1 << 30).unwrap(), Chunking::Chunks { rows: 1_048_576 }));
     // no scratch, no edges: whole
     assert_eq!(plan(2, 1000, 0, 0, 1, 0).unwrap(), Chunking::Whole);
     assert_eq!(plan(2, 0, 10, 10, 1, 0).unwrap(), Chunking::Whole);

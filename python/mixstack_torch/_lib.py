@@ -4,6 +4,7 @@ its ABI version and status codes (include/mixstack.h). Needs no torch.
 
 import ctypes
 import glob
+import operator
 import os
 import threading
 
@@ -146,8 +147,17 @@ def supports(dtype, f, cf, lmax, n_layers):
     name = str(dtype).replace("torch.", "")
     if name not in _DTYPE_CODES:
         return False, f"dtype {dtype}: mixstack serves float32 and float64"
+    dims = {"F": f, "Cf": cf, "lmax": lmax, "n_layers": n_layers}
+    for k, v in dims.items():
+        # Integers only (2.9 is not 2), and within int64: ctypes would wrap.
+        try:
+            dims[k] = operator.index(v)
+        except TypeError:
+            return False, f"{k} = {v!r}: not an integer"
+        if not -(2**63) <= dims[k] < 2**63:
+            return False, f"{k} = {v}: out of the int64 range"
     lib = _load()
-    status = lib.mixstack_supports(_DTYPE_CODES[name], int(f), int(cf), int(lmax), int(n_layers))
+    status = lib.mixstack_supports(_DTYPE_CODES[name], dims["F"], dims["Cf"], dims["lmax"], dims["n_layers"])
     if status == 0:
         return True, ""
     msg = lib.mixstack_last_error()

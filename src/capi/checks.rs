@@ -104,7 +104,23 @@ fn check_aligned(t: &Tensor, elem: usize) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Outputs must not overlap each other or any input.
+/// A tensor's bytes end inside the 64-bit address space: its end, one past
+/// the last byte, is a 64-bit address.
+fn check_in_address_space(t: &Tensor) -> Result<(), Fail> {
+    if t.ptr.checked_add(t.bytes).is_none() {
+        return Err(fail(
+            MIXSTACK_ERR_BAD_ARGUMENT,
+            format!(
+                "tensor `{}` at {:#x} ({} bytes) extends past the end of the address space",
+                t.name, t.ptr, t.bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Outputs must not overlap each other or any input (every end checked to
+/// fit by [`check_in_address_space`]).
 fn check_no_overlap(outputs: &[Tensor], inputs: &[Tensor]) -> Result<(), Fail> {
     let overlap =
         |a: &Tensor, b: &Tensor| a.bytes > 0 && b.bytes > 0 && a.ptr < b.ptr + b.bytes && b.ptr < a.ptr + a.bytes;
@@ -155,6 +171,7 @@ impl<T: Element, P> Valid<T, P> {
     fn new(call: Checked<T, P>, inputs: &[Tensor], outputs: &[Tensor]) -> Result<Self, Fail> {
         for t in inputs.iter().chain(outputs) {
             check_aligned(t, std::mem::size_of::<T>())?;
+            check_in_address_space(t)?;
         }
         check_no_overlap(outputs, inputs)?;
         Ok(Valid { call, tensors: inputs.iter().chain(outputs).copied().collect() })
@@ -434,6 +451,23 @@ mod tests {
             let needles = [&format!("`{name}`: null device pointer")[..]];
             refused(Valid::<f64, _>::backward(SH, E, p), MIXSTACK_ERR_NULL_POINTER, &needles);
         }
+    }
+
+    #[test]
+    fn a_tensor_past_the_end_of_the_address_space_is_refused_by_name() {
+        // Aligned, non-null, and its end wraps past 2^64: an input (whose
+        // overlap test added past the end and panicked) and an output (whose
+        // wrapped end read as no overlap, so the call was accepted).
+        let top = u64::MAX - 63;
+        for (name, p) in [("u0", ForwardPtrs { u0: top, ..fwd() }), ("out", ForwardPtrs { out: top, ..fwd() })] {
+            let needles = [&format!("`{name}`")[..], "past the end of the address space"];
+            refused(Valid::<f32, _>::forward(SH, E, p), MIXSTACK_ERR_BAD_ARGUMENT, &needles);
+        }
+        let p = BackwardPtrs { grad_alpha: top, ..bwd() };
+        refused(Valid::<f64, _>::backward(SH, E, p), MIXSTACK_ERR_BAD_ARGUMENT, &["`grad_alpha`", "address space"]);
+        // Ending just below the top is inside.
+        let surf = (2 * 320 * E * 4) as u64;
+        Valid::<f32, _>::forward(SH, E, ForwardPtrs { out: (u64::MAX - surf) / 16 * 16, ..fwd() }).unwrap();
     }
 
     #[test]

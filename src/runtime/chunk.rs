@@ -19,6 +19,11 @@ pub const CAP_SPELLINGS: &str = "a positive byte count, optionally with a K, M, 
 /// the seed workload never chunks; a 24 GB card: 3 GB).
 pub const DEFAULT_CAP_DIVISOR: u64 = 8;
 
+/// Most chunks one call walks: a call plans every step ahead, so a cap
+/// that would cut E into more pieces is refused as too small (the seed's
+/// 646,000 edges at a cap of one edge would plan 23 million steps).
+pub const MAX_CHUNKS: u64 = 65_536;
+
 /// Where a call's scratch cap comes from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ScratchCap {
@@ -104,9 +109,14 @@ pub fn plan(
     }
     let granule = granule.max(1) as u64;
     let rows = fit / granule * granule;
-    if rows == 0 {
-        let min_rows = granule.min(e as u64);
-        return Err(MixError::ScratchCap { cap, min_rows, row_bytes: chunk_row_bytes });
+    // The smallest chunk: one granule, and no more than MAX_CHUNKS of them.
+    let min_rows = (e as u64).div_ceil(MAX_CHUNKS).div_ceil(granule).saturating_mul(granule).min(e as u64);
+    if rows == 0 || rows < min_rows {
+        return Err(MixError::ScratchCap {
+            cap,
+            min_rows: min_rows.max(granule.min(e as u64)),
+            row_bytes: chunk_row_bytes,
+        });
     }
     Ok(Chunking::Chunks { rows: rows as usize })
 }

@@ -18,6 +18,8 @@ pub enum ShapeParam {
     Lmax,
     /// n_layers, the number of SO(2) layers.
     NLayers,
+    /// E, the edges of one call.
+    E,
 }
 
 impl ShapeParam {
@@ -27,6 +29,7 @@ impl ShapeParam {
             ShapeParam::Cf => "Cf",
             ShapeParam::Lmax => "lmax",
             ShapeParam::NLayers => "n_layers",
+            ShapeParam::E => "E",
         }
     }
 }
@@ -123,7 +126,8 @@ pub enum MixError {
     BlasSize { what: &'static str, value: u64 },
 
     /// The scratch cap cannot hold the smallest chunk: one edge, or on
-    /// the cuBLAS gate path one GEMM piece of edges (gate_blas.rs).
+    /// the cuBLAS gate path one GEMM piece of edges (gate_blas.rs), and
+    /// at least E / [`super::chunk::MAX_CHUNKS`] edges.
     #[error("the scratch cap of {cap} bytes is below the smallest chunk's scratch ({min_rows} edges of {row_bytes} bytes): raise it (MIXSTACK_SCRATCH_CAP or Stack::set_scratch_cap)")]
     ScratchCap { cap: u64, min_rows: u64, row_bytes: u64 },
 

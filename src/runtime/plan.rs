@@ -363,6 +363,7 @@ impl Planner<'_> {
         machine: &Machine,
     ) -> Result<Plan, MixError> {
         let sh = self.shape;
+        sh.check_edges(e, self.sz() as usize)?;
         let gated = sh.gated();
         let blas = self.gate_blas(machine.cublas, tiles, &[Stage::FwdGate], Stage::FwdGateAct)?;
         let layer = if gated > 0 {
@@ -557,6 +558,7 @@ impl Planner<'_> {
         machine: &Machine,
     ) -> Result<Plan, MixError> {
         let sh = self.shape;
+        sh.check_edges(e, self.sz() as usize)?;
         let gated = sh.gated();
         let (f, row, lg, sz) = (sh.f, sh.row(), sh.lg(), self.sz());
         let z_stride = sh.surface_len(e)? as u64 * sz;

@@ -2,10 +2,19 @@
 //! from it (docs/MIXING_STACK.md "Shapes and names"). Sizes that depend on E
 //! are computed with checked arithmetic.
 
-use super::error::MixError;
+use super::error::{MixError, ShapeParam};
 
 /// Largest F: F is `gridDim.z` of every launch.
 pub const MAX_F: usize = 65_535;
+
+/// Most edges one call may have: a call plans its steps ahead (one cuBLAS
+/// call per 32,768 rows among them), and no device holds more (2^31 edges
+/// of the narrowest row, 128 floats, are 1 TiB per surface).
+pub const MAX_EDGES: usize = i32::MAX as usize;
+
+/// Most layers a stack may have: far past DeePMD-kit's models (a few), and
+/// a bound on what one call plans (a few steps per layer).
+pub const MAX_LAYERS: usize = 1024;
 
 /// Static shape of a stack; E is per call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,21 +33,24 @@ impl StackShape {
     pub fn new(f: usize, cf: usize, lmax: usize, n_layers: usize) -> Self {
         StackShape { f, cf, lmax, n_layers }
     }
+    // The derived sizes saturate: on a shape no stack accepts
+    // (validate_shape) they give usize::MAX, which every checked size below
+    // refuses, never a wrapped value or a panic.
     /// (L+1) * Cf.
     pub fn m0(&self) -> usize {
-        (self.lmax + 1) * self.cf
+        self.lmax.saturating_add(1).saturating_mul(self.cf)
     }
     /// 2L * Cf.
     pub fn m1(&self) -> usize {
-        2 * self.lmax * self.cf
+        self.lmax.saturating_mul(2).saturating_mul(self.cf)
     }
     /// (3L+1) * Cf = M0 + M1.
     pub fn row(&self) -> usize {
-        (3 * self.lmax + 1) * self.cf
+        self.lmax.saturating_mul(3).saturating_add(1).saturating_mul(self.cf)
     }
     /// L * Cf.
     pub fn lg(&self) -> usize {
-        self.lmax * self.cf
+        self.lmax.saturating_mul(self.cf)
     }
     /// Gated layers: n_layers - 1.
     pub fn gated(&self) -> usize {
@@ -79,8 +91,8 @@ impl StackShape {
     /// E from the length of a (F, E, ROW)-sized tensor; the length must be an
     /// exact multiple of F*ROW.
     pub fn edges_from(&self, tensor: &'static str, len: usize) -> Result<usize, MixError> {
-        let unit = self.f * self.row();
-        if unit == 0 {
+        let unit = self.f.saturating_mul(self.row());
+        if unit == 0 || unit == usize::MAX {
             return Err(MixError::BufferNotMultiple { tensor, got: len, unit, what: "F*ROW" });
         }
         if !len.is_multiple_of(unit) {
@@ -89,10 +101,17 @@ impl StackShape {
         Ok(len / unit)
     }
 
-    /// Check that every byte size and offset a call with `e` edges makes
-    /// fits 64-bit signed arithmetic (the kernels' `long long`), for
+    /// Check that `e` is at most [`MAX_EDGES`] and every byte size and offset
+    /// a call with `e` edges makes fits 64-bit signed arithmetic (the kernels' `long long`), for
     /// elements of `elem_size` bytes.
     pub fn check_edges(&self, e: usize, elem_size: usize) -> Result<(), MixError> {
+        if e > MAX_EDGES {
+            return Err(MixError::UnsupportedShape {
+                param: ShapeParam::E,
+                value: e as u64,
+                supported: format!("0..={MAX_EDGES} per call"),
+            });
+        }
         let worst = self.z_all_len(e)?.max(self.surface_len(e)?);
         let bytes = worst.checked_mul(elem_size).ok_or(MixError::SizeOverflow { e: e as u64, what: "byte size" })?;
         if i64::try_from(bytes).is_err() || i64::try_from(e).is_err() {

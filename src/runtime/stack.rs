@@ -24,7 +24,7 @@ use super::launch::{KernelTiming, Kernels};
 use super::memory::{CallMemory, ScratchPool, Tracker};
 use super::plan::{self, BackwardChoice, Machine, Planner};
 use super::precision::PrecisionMode;
-use super::shape::{StackShape, MAX_F};
+use super::shape::{StackShape, MAX_F, MAX_LAYERS};
 use super::switch::FusedMode;
 use super::table::{KernelEntry, Precision};
 use super::weights::Weights;
@@ -932,6 +932,9 @@ impl<T: Element> Drop for Stack<T> {
 
 /// Check (F, Cf, lmax, n_layers) against the limits and the table: every
 /// forward and relay stage the shape needs must have an accepted kernel.
+/// Within these bounds every weight's byte size fits signed 64-bit offsets
+/// (W1, the largest, is under 2^51 bytes at F 65,535, Cf 128, lmax 6, f64 and
+/// 1,024 layers).
 pub fn validate_shape<T: Element>(dispatch: &Dispatch<'_>, shape: &StackShape) -> Result<(), MixError> {
     if shape.f == 0 || shape.f > MAX_F {
         return Err(MixError::UnsupportedShape {
@@ -940,11 +943,11 @@ pub fn validate_shape<T: Element>(dispatch: &Dispatch<'_>, shape: &StackShape) -
             supported: format!("1..={MAX_F}"),
         });
     }
-    if shape.n_layers == 0 {
+    if shape.n_layers == 0 || shape.n_layers > MAX_LAYERS {
         return Err(MixError::UnsupportedShape {
             param: ShapeParam::NLayers,
-            value: 0,
-            supported: ">= 1 (the last layer is the identity layer)".into(),
+            value: shape.n_layers as u64,
+            supported: format!("1..={MAX_LAYERS} (the last layer is the identity layer)"),
         });
     }
     let lmax = u32::try_from(shape.lmax).unwrap_or(u32::MAX);

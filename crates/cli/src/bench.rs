@@ -274,6 +274,29 @@ pub fn run(args: &BenchArgs) -> CliResult {
     if args.reps == 0 {
         return Err("--reps must be at least 1".into());
     }
+    // Every argument is parsed before a device is opened: a typo is named
+    // at once, not after the inputs are uploaded.
+    // forward variants, interleaved per repetition in each mode
+    let fspecs =
+        if args.forward_variants.is_empty() { vec!["default".to_string()] } else { args.forward_variants.clone() };
+    let modes = modes(&args.precisions)?;
+    let mut fparsed: Vec<(String, ForwardOptions)> = Vec::new();
+    for &p in &modes {
+        for v in &fspecs {
+            let opts = ForwardOptions::default().with_precision(p).with_tiles(parse_overrides(v, v)?.1);
+            fparsed.push((in_mode(v, p), opts));
+        }
+    }
+    // backward variants, interleaved per repetition
+    let specs =
+        if args.variants.is_empty() { vec!["relay".to_string(), "fused".to_string()] } else { args.variants.clone() };
+    let mut parsed: Vec<(String, BackwardOptions)> = Vec::new();
+    for &p in &modes {
+        for v in &specs {
+            let (label, opts) = parse_variant(v)?;
+            parsed.push((in_mode(&label, p), opts.with_precision(p)));
+        }
+    }
     let ctx = match open_device(0) {
         Ok(c) => c,
         Err(e) => return Err(format!("bench needs a CUDA GPU: {e}").into()),
@@ -289,17 +312,6 @@ pub fn run(args: &BenchArgs) -> CliResult {
 
     let Problem { stack, u0, grad_out, alpha, gw } = Problem::random(&stream, &w, &mut rng)?;
 
-    // forward variants, interleaved per repetition
-    let fspecs =
-        if args.forward_variants.is_empty() { vec!["default".to_string()] } else { args.forward_variants.clone() };
-    let modes = modes(&args.precisions)?;
-    let mut fparsed: Vec<(String, ForwardOptions)> = Vec::new();
-    for &p in &modes {
-        for v in &fspecs {
-            let opts = ForwardOptions::default().with_precision(p).with_tiles(parse_overrides(v, v)?.1);
-            fparsed.push((in_mode(v, p), opts));
-        }
-    }
     let mut saved = None;
     let fwd_ms = interleaved(&stream, fparsed.len(), args.reps, &mut |v| {
         let res = stack.forward_with(&stream, &u0, &alpha, w.apply_alpha, &fparsed[v].1)?;
@@ -359,16 +371,6 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let forward = forward_variants[0].clone();
     let (out, z_all) = saved.ok_or("no forward ran")?;
 
-    // backward variants, interleaved per repetition
-    let specs =
-        if args.variants.is_empty() { vec!["relay".to_string(), "fused".to_string()] } else { args.variants.clone() };
-    let mut parsed: Vec<(String, BackwardOptions)> = Vec::new();
-    for &p in &modes {
-        for v in &specs {
-            let (label, opts) = parse_variant(v)?;
-            parsed.push((in_mode(&label, p), opts.with_precision(p)));
-        }
-    }
     // A variant this workload cannot run (say a tile whose shared memory does
     // not fit at this lmax) is reported and left out, not fatal to the rest.
     let mut variants = Vec::new();

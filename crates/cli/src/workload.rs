@@ -1,6 +1,9 @@
 //! The workload a benchmark runs: a shape, E, alpha, and the presets of
 //! docs/MIXING_STACK.md, with the FLOP and byte counts its rates use.
 
+use mixstack::runtime::dispatch::Dispatch;
+use mixstack::runtime::shape::StackShape;
+use mixstack::runtime::stack::validate_shape;
 use serde::Serialize;
 
 /// The workload flags `bench` and `tune` share.
@@ -39,7 +42,16 @@ impl WorkloadArgs {
                 apply_alpha: !self.no_alpha,
             },
         };
-        Ok(Workload { apply_alpha: w.apply_alpha && !self.no_alpha, ..w })
+        let w = Workload { apply_alpha: w.apply_alpha && !self.no_alpha, ..w };
+        // Checked before any device is opened or buffer allocated: a shape
+        // the runtime would refuse is refused here, by the same checks.
+        if w.e == 0 {
+            return Err("--edges must be at least 1 (a bench of no edges times nothing)".into());
+        }
+        let shape = StackShape::new(w.f, w.cf, w.lmax, w.n_layers);
+        validate_shape::<f32>(&Dispatch::builtin(), &shape).map_err(|e| e.to_string())?;
+        shape.check_edges(w.e, std::mem::size_of::<f32>()).map_err(|e| e.to_string())?;
+        Ok(w)
     }
 }
 

@@ -152,14 +152,32 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Case>, VectorError> {
     cases.iter().map(|mc| load_case(dir, &manifest_path, mc)).collect()
 }
 
+fn io_error(path: &Path, source: std::io::Error) -> VectorError {
+    if source.kind() == std::io::ErrorKind::NotFound {
+        VectorError::MissingFile { path: path.to_path_buf() }
+    } else {
+        VectorError::Io { path: path.to_path_buf(), source }
+    }
+}
+
 fn read_bytes(path: &Path) -> Result<Vec<u8>, VectorError> {
-    std::fs::read(path).map_err(|source| {
-        if source.kind() == std::io::ErrorKind::NotFound {
-            VectorError::MissingFile { path: path.to_path_buf() }
-        } else {
-            VectorError::Io { path: path.to_path_buf(), source }
-        }
-    })
+    std::fs::read(path).map_err(|source| io_error(path, source))
+}
+
+/// The first `expected` + 1 bytes at most of `path`, and the length to
+/// report: the file's own where it holds more (a plain file's metadata),
+/// else what was read.
+fn read_bounded(path: &Path, expected: u64) -> Result<(Vec<u8>, u64), VectorError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|source| io_error(path, source))?;
+    let mut bytes = Vec::new();
+    file.take(expected.saturating_add(1)).read_to_end(&mut bytes).map_err(|source| io_error(path, source))?;
+    let read = bytes.len() as u64;
+    let found = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && read > expected => m.len(),
+        _ => read,
+    };
+    Ok((bytes, found))
 }
 
 /// Element type of a stored tensor.
@@ -218,18 +236,13 @@ impl CaseLoader<'_> {
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| bad(format!("shape {dims:?} overflows usize")))?;
-        let bytes = read_bytes(&path)?;
         let expected = (elems as u64).saturating_mul(dtype.size() as u64);
-        if bytes.len() as u64 != expected {
-            return Err(VectorError::ByteLength {
-                path,
-                case,
-                tensor,
-                found: bytes.len() as u64,
-                expected,
-                elems,
-                itemsize: dtype.size(),
-            });
+        // At most one byte past the expected length is read: a file that is
+        // not what the manifest says (or no file: /dev/zero) is named, never
+        // read whole.
+        let (bytes, found) = read_bounded(&path, expected)?;
+        if found != expected {
+            return Err(VectorError::ByteLength { path, case, tensor, found, expected, elems, itemsize: dtype.size() });
         }
         Ok(bytes)
     }
@@ -255,8 +268,8 @@ fn load_case(dir: &Path, manifest_path: &Path, mc: &ManifestCase) -> Result<Case
         case: mc.case,
         problem: problem.to_string(),
     };
-    if mc.f == 0 || mc.cf == 0 || mc.lmax == 0 || mc.n_layers == 0 {
-        return Err(bad_case("F, cf, lmax and n_layers must all be >= 1"));
+    if mc.f == 0 || mc.e == 0 || mc.cf == 0 || mc.lmax == 0 || mc.n_layers == 0 {
+        return Err(bad_case("F, E, cf, lmax and n_layers must all be >= 1 (a case of no edges checks nothing)"));
     }
     // Keep every derived dimension well inside usize.
     let limit = 1usize << 24;
