@@ -110,13 +110,13 @@ typedef enum mixstack_status {
 typedef struct mixstack_stack mixstack_stack;
 
 /* Create a stack of dtype (0 f32, 1 f64) on device `device` for shape (f, cf, lmax,
- * n_layers); the weights are device pointers copied once (ordered on cu_stream); gw_dev
+ * n_layers: 1 <= f <= 65535, n_layers <= 1024, cf and lmax as built); the weights are device pointers copied once (ordered on cu_stream); gw_dev
  * may be NULL when n_layers == 1. Stores the handle in *out (NULL on failure). */
 int mixstack_stack_create(int dtype, int device, int64_t f, int64_t cf, int64_t lmax,
                           int64_t n_layers, const void* w0_dev, const void* w1_dev,
                           const void* gw_dev, void* cu_stream, mixstack_stack** out);
 
-/* Forward over e edges: out = stack(u0) (times alpha when apply_alpha != 0), and the
+/* Forward over e edges (0 <= e <= 2^31 - 1): out = stack(u0) (times alpha when apply_alpha != 0), and the
  * gated layers' pre-activations into z_all. Enqueued on cu_stream. */
 int mixstack_forward(mixstack_stack* stack, int64_t e, const void* u0, const void* alpha,
                      int apply_alpha, void* out, void* z_all, void* cu_stream);
