@@ -129,6 +129,22 @@ proptest! {
     }
 
     #[test]
+    fn ops_edits_never_panic(edits in prop::collection::vec(edit(), 1..4)) {
+        let [mut ops, stages, tiles] = shipped();
+        for e in &edits {
+            ops = apply(&ops, e);
+        }
+        // a duplicated line repeats a constant or a step; a number may
+        // overflow f64 (`1.0e99999` reads as inf): all refused, or finite
+        if let Ok(specs) = spec::from_texts(Path::new("specs"), [ops.clone(), stages.clone(), tiles.clone()]) {
+            for (name, v) in &specs.ops.constants {
+                prop_assert!(v.is_finite() && v.abs() <= f64::from(f32::MAX), "constant {name} = {v}");
+            }
+        }
+        check(Path::new("specs"), [ops, stages, tiles]);
+    }
+
+    #[test]
     fn stages_edits_never_panic(edits in prop::collection::vec(edit(), 1..4)) {
         let [ops, mut stages, tiles] = shipped();
         for e in &edits {

@@ -53,6 +53,7 @@ pub mod bounds {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpsSpec {
+    #[serde(deserialize_with = "unique_keys")]
     pub constants: BTreeMap<String, f64>,
     pub operators: Vec<OperatorSpec>,
 }
@@ -151,7 +152,9 @@ pub struct StageSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TilesSpec {
+    #[serde(deserialize_with = "unique_keys")]
     pub gemm: BTreeMap<String, Vec<GemmTileSpec>>,
+    #[serde(deserialize_with = "unique_keys")]
     pub rows: BTreeMap<String, Vec<RowsTileSpec>>,
     pub defaults: Vec<DefaultSpec>,
 }
@@ -227,6 +230,96 @@ pub struct DefaultSpec {
     pub precision: Precision,
 }
 
+// ------------------------------------------------------------ unique keys
+
+/// A map whose keys are unique: YAML allows a key twice and serde keeps the
+/// last, silently (`constants: {one: 1.0, one: 2.0}` would make `one` 2.0).
+/// The second is refused as the field `map.key` (serde_yaml's path), at its
+/// value's line, as struct fields listed twice are.
+fn unique_keys<'de, D, V>(d: D) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    struct Keys<V>(std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Keys<V> {
+        type Value = BTreeMap<String, V>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(k) = map.next_key::<String>()? {
+                if out.contains_key(&k) {
+                    // Refused from inside the value, so that the error
+                    // carries its path (`constants.one`) and line.
+                    match map.next_value_seed(Twice)? {}
+                }
+                let v = map.next_value()?;
+                out.insert(k, v);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Keys(std::marker::PhantomData))
+}
+
+/// The value of a key listed twice: refused, whatever it is.
+struct Twice;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Twice {
+    type Value = std::convert::Infallible;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+macro_rules! refuse {
+    ($($f:ident($($t:ty)?)),* $(,)?) => {$(
+        fn $f<E: serde::de::Error>(self $(, _: $t)?) -> Result<Self::Value, E> {
+            Err(E::custom(Self::MESSAGE))
+        }
+    )*};
+}
+
+impl Twice {
+    const MESSAGE: &'static str = "listed twice: a key may appear once (YAML would keep the last, silently)";
+}
+
+impl<'de> serde::de::Visitor<'de> for Twice {
+    type Value = std::convert::Infallible;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key listed once")
+    }
+    refuse!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_i128(i128),
+        visit_u128(u128),
+        visit_f64(f64),
+        visit_str(&str),
+        visit_bytes(&[u8]),
+        visit_none(),
+        visit_unit(),
+    );
+    fn visit_some<D: serde::Deserializer<'de>>(self, _: D) -> Result<Self::Value, D::Error> {
+        Err(serde::de::Error::custom(Self::MESSAGE))
+    }
+    fn visit_newtype_struct<D: serde::Deserializer<'de>>(self, _: D) -> Result<Self::Value, D::Error> {
+        Err(serde::de::Error::custom(Self::MESSAGE))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(serde::de::Error::custom(Self::MESSAGE))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(serde::de::Error::custom(Self::MESSAGE))
+    }
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(serde::de::Error::custom(Self::MESSAGE))
+    }
+}
+
 // ----------------------------------------------------------------- loading
 
 /// All specs of one directory, parsed and validated.
@@ -290,20 +383,66 @@ impl Specs {
     }
 
     fn validate_ops(&self) -> Result<(), SpecError> {
+        let consts = &self.ops.constants;
+        for (name, &v) in consts {
+            let field = format!("constants.{name}");
+            if let Some(m) = crate::params::ident_problem(name) {
+                return Err(self.invalid("ops.yaml", field, m));
+            }
+            if !v.is_finite() {
+                return Err(self.invalid("ops.yaml", field, format!("{v:e}: not a finite number")));
+            }
+            // Rendered T(v): where T is float, beyond f32's range is inf.
+            if v.abs() > f64::from(f32::MAX) {
+                return Err(self.invalid(
+                    "ops.yaml",
+                    field,
+                    format!("{v:e}: beyond f32's range (inf in the f32 kernels)"),
+                ));
+            }
+        }
         let mut known: BTreeMap<&str, usize> = BTreeMap::new();
         for p in super::vocab::PRIMITIVES {
             known.insert(p.name, p.arity);
         }
         for (i, op) in self.ops.operators.iter().enumerate() {
             let field = |s: String| format!("operators[{i}] ({}).{s}", op.name);
+            // A value of the rendered op_* function: a usable identifier
+            // (`op_*` are the operators' functions), not a constant.
+            let value_problem = |v: &str| {
+                crate::params::ident_problem(v).or_else(|| {
+                    v.starts_with("op_").then(|| format!("'{v}' is reserved: op_* name the operators' functions"))
+                })
+            };
+            if let Some(m) = crate::params::ident_problem(&op.name) {
+                return Err(self.invalid("ops.yaml", field("name".into()), m));
+            }
             if known.contains_key(op.name.as_str()) {
                 return Err(self.invalid("ops.yaml", field("name".into()), "name already defined"));
+            }
+            if let Some(m) = crate::params::comment_problem(&op.doc) {
+                return Err(self.invalid("ops.yaml", field("doc".into()), m));
+            }
+            for (j, x) in op.inputs.iter().enumerate() {
+                let m = if let Some(m) = value_problem(x) {
+                    m
+                } else if consts.contains_key(x) {
+                    format!("'{x}' is already a constant")
+                } else if op.inputs[..j].contains(x) {
+                    format!("'{x}' listed twice")
+                } else {
+                    continue;
+                };
+                return Err(self.invalid("ops.yaml", field("inputs".into()), m));
             }
             if op.steps.is_empty() {
                 return Err(self.invalid("ops.yaml", field("steps".into()), "no steps"));
             }
             let mut values: Vec<&str> = op.inputs.iter().map(String::as_str).collect();
             for (j, st) in op.steps.iter().enumerate() {
+                if let Some(m) = value_problem(&st.out) {
+                    return Err(self.invalid("ops.yaml", field(format!("steps[{j}].out")), m));
+                }
                 let Some(&arity) = known.get(st.op.as_str()) else {
                     return Err(self.invalid(
                         "ops.yaml",
@@ -375,6 +514,14 @@ impl Specs {
                 return Err(self.invalid("stages.yaml", field("name"), "stage listed twice"));
             }
             seen.push(s.name);
+            // `body` is the template function of templates/stages.cuh the
+            // instance calls (`ms::body<...>(...)`); `doc` a comment line.
+            if let Some(m) = crate::params::ident_problem(&s.body) {
+                return Err(self.invalid("stages.yaml", field("body"), m));
+            }
+            if let Some(m) = crate::params::comment_problem(&s.doc) {
+                return Err(self.invalid("stages.yaml", field("doc"), m));
+            }
             let sets_known = match s.kind {
                 Kind::Gemm => self.tiles.gemm.contains_key(&s.tiles),
                 Kind::Rows => self.tiles.rows.contains_key(&s.tiles),
@@ -432,10 +579,22 @@ impl Specs {
                     ));
                 }
             }
+            let mut params: Vec<crate::params::Param> = Vec::new();
             for p in &s.params {
-                if crate::params::Param::parse(p).is_none() {
+                let Some(p) = crate::params::Param::parse(p) else {
                     return Err(self.invalid("stages.yaml", field("params"), format!("cannot read parameter '{p}'")));
-                }
+                };
+                let m = if let Some(m) = p.name_problem() {
+                    m
+                } else if params.iter().any(|q| q.name == p.name) {
+                    format!("'{}' listed twice", p.name)
+                } else if let Some(q) = params.iter().find(|q| q.field() == p.field()) {
+                    format!("'{}' and '{}' are both the Rust field '{}'", q.name, p.name, p.field())
+                } else {
+                    params.push(p);
+                    continue;
+                };
+                return Err(self.invalid("stages.yaml", field("params"), m));
             }
         }
         Ok(())
