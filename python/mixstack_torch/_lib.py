@@ -75,46 +75,57 @@ def library_path():
 
 
 def _load():
-    global _lib, _lib_path
     with _lib_lock:
         if _lib is not None:
             return _lib
         path = library_path()
-        lib = ctypes.CDLL(path)
-        c_int, c_i64, c_vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-        lib.mixstack_abi_version.argtypes = []
-        lib.mixstack_abi_version.restype = c_int
-        lib.mixstack_last_error.argtypes = []
-        lib.mixstack_last_error.restype = ctypes.c_char_p
-        lib.mixstack_stack_create.argtypes = [
-            c_int, c_int, c_i64, c_i64, c_i64, c_i64, c_vp, c_vp, c_vp, c_vp, ctypes.POINTER(c_vp),
-        ]
-        lib.mixstack_stack_create.restype = c_int
-        lib.mixstack_stack_create_borrowing.argtypes = [c_int, c_int, c_i64, c_i64, c_i64, c_i64, ctypes.POINTER(c_vp)]
-        lib.mixstack_stack_create_borrowing.restype = c_int
-        lib.mixstack_supports.argtypes = [c_int, c_i64, c_i64, c_i64, c_i64]
-        lib.mixstack_supports.restype = c_int
-        lib.mixstack_forward_w.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp]
-        lib.mixstack_forward_w.restype = c_int
-        lib.mixstack_backward_w.argtypes = [
-            c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_vp,
-        ]
-        lib.mixstack_backward_w.restype = c_int
-        lib.mixstack_forward.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp]
-        lib.mixstack_forward.restype = c_int
-        lib.mixstack_backward.argtypes = [c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_int, c_vp]
-        lib.mixstack_backward.restype = c_int
-        lib.mixstack_last_path.argtypes = [c_vp, ctypes.POINTER(c_int), ctypes.c_char_p, ctypes.c_size_t]
-        lib.mixstack_last_path.restype = c_int
-        lib.mixstack_stack_destroy.argtypes = [c_vp]
-        lib.mixstack_stack_destroy.restype = None
-        lib.mixstack_release_cached_memory.argtypes = [c_vp]
-        lib.mixstack_release_cached_memory.restype = c_int
-        version = lib.mixstack_abi_version()
-        if version != ABI_VERSION:
-            raise OSError(f"{path}: ABI version {version}, this package expects {ABI_VERSION}")
-        _lib, _lib_path = lib, path
-        return lib
+        try:
+            return _bind(path)
+        except AttributeError as e:
+            # A library without mixstack's symbols (MIXSTACK_LIB pointing
+            # elsewhere): the same OSError as one that does not load.
+            raise OSError(f"{path} is not libmixstack.so: {e}") from None
+
+
+def _bind(path):
+    """Open `path` and declare the C ABI's functions (AttributeError for a
+    missing symbol)."""
+    global _lib, _lib_path
+    lib = ctypes.CDLL(path)
+    c_int, c_i64, c_vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.mixstack_abi_version.argtypes = []
+    lib.mixstack_abi_version.restype = c_int
+    lib.mixstack_last_error.argtypes = []
+    lib.mixstack_last_error.restype = ctypes.c_char_p
+    lib.mixstack_stack_create.argtypes = [
+        c_int, c_int, c_i64, c_i64, c_i64, c_i64, c_vp, c_vp, c_vp, c_vp, ctypes.POINTER(c_vp),
+    ]
+    lib.mixstack_stack_create.restype = c_int
+    lib.mixstack_stack_create_borrowing.argtypes = [c_int, c_int, c_i64, c_i64, c_i64, c_i64, ctypes.POINTER(c_vp)]
+    lib.mixstack_stack_create_borrowing.restype = c_int
+    lib.mixstack_supports.argtypes = [c_int, c_i64, c_i64, c_i64, c_i64]
+    lib.mixstack_supports.restype = c_int
+    lib.mixstack_forward_w.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp]
+    lib.mixstack_forward_w.restype = c_int
+    lib.mixstack_backward_w.argtypes = [
+        c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_vp,
+    ]
+    lib.mixstack_backward_w.restype = c_int
+    lib.mixstack_forward.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp]
+    lib.mixstack_forward.restype = c_int
+    lib.mixstack_backward.argtypes = [c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_int, c_vp]
+    lib.mixstack_backward.restype = c_int
+    lib.mixstack_last_path.argtypes = [c_vp, ctypes.POINTER(c_int), ctypes.c_char_p, ctypes.c_size_t]
+    lib.mixstack_last_path.restype = c_int
+    lib.mixstack_stack_destroy.argtypes = [c_vp]
+    lib.mixstack_stack_destroy.restype = None
+    lib.mixstack_release_cached_memory.argtypes = [c_vp]
+    lib.mixstack_release_cached_memory.restype = c_int
+    version = lib.mixstack_abi_version()
+    if version != ABI_VERSION:
+        raise OSError(f"{path}: ABI version {version}, this package expects {ABI_VERSION}")
+    _lib, _lib_path = lib, path
+    return lib
 
 
 def _check(status, func):

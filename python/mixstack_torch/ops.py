@@ -82,16 +82,71 @@ def last_backward_path():
 # ----------------------------------------------------------------------
 
 
+def _fake_args(named, lmax, focus_dim, path):
+    """The real kernels' argument checks (csrc/mixstack_op.cpp), as ValueError
+    on fake and meta tensors, so that tracing refuses what running would:
+    `named` holds (name, tensor, rank); one floating dtype (float32 or
+    float64), one device, each tensor of its rank."""
+    if lmax < 1 or focus_dim < 1:
+        raise ValueError(f"mixstack_stack: lmax and focus_dim must be >= 1, got {lmax}, {focus_dim}")
+    if path not in PATHS:
+        raise ValueError(f"mixstack_stack: path must be one of {sorted(PATHS)}, got {path!r}")
+    first, t0, _ = named[0]
+    for name, t, rank in named:
+        if t is None:
+            raise ValueError(f"mixstack_stack: `{name}` is None (an undefined tensor)")
+        if t.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"mixstack_stack: `{name}` has dtype {t.dtype}: mixstack supports float32 and float64 only")
+        if t.dtype != t0.dtype:
+            raise ValueError(f"mixstack_stack: `{name}` has dtype {t.dtype}, `{first}` {t0.dtype}: all tensors must have one dtype")
+        if t.device != t0.device:
+            raise ValueError(f"mixstack_stack: `{name}` is on {t.device}, `{first}` on {t0.device}: one device")
+        if t.dim() != rank:
+            raise ValueError(f"mixstack_stack: {name} must have {rank} dimensions, got {list(t.shape)}")
+
+
+def _fake_shapes(shapes):
+    """Each (name, tensor, want) of `shapes` of size `want`; symbolic sizes
+    are checked with torch._check_value, which records them as guards."""
+    for name, t, want in shapes:
+        for got, w in zip(t.shape, want):
+            torch._check_value(got == w, lambda name=name, t=t, want=want: f"mixstack_stack: {name} must be {list(want)}, got {list(t.shape)}")
+
+
+def _dims(lmax, focus_dim):
+    """(ROW, M0, M1, LG) of docs/MIXING_STACK.md."""
+    return (3 * lmax + 1) * focus_dim, (lmax + 1) * focus_dim, 2 * lmax * focus_dim, lmax * focus_dim
+
+
+def _weight_shapes(w0_all, w1_all, gw_all, n, F, focus_dim, m0, m1, lg):
+    return [("w0_all", w0_all, (n, F, m0, m0)), ("w1_all", w1_all, (n, F, m1, m1)), ("gw_all", gw_all, (n - 1, F, focus_dim, lg))]
+
+
 @torch.library.register_fake("mixstack::stack")
 def _(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
-    F, E, row = u0.shape
-    n_layers = w0_all.shape[0]
-    return u0.new_empty((E, F, row)), u0.new_empty((n_layers - 1, F, E, row))
+    named = [("u0", u0, 3), ("alpha", alpha, 2), ("w0_all", w0_all, 4), ("w1_all", w1_all, 4), ("gw_all", gw_all, 4)]
+    _fake_args(named, lmax, focus_dim, path)
+    (F, E, _), n = u0.shape, w0_all.shape[0]
+    row, m0, m1, lg = _dims(lmax, focus_dim)
+    torch._check_value(n >= 1, lambda: "mixstack_stack: w0_all has n_layers = 0")
+    torch._check_value(F >= 1, lambda: "mixstack_stack: u0 has F = 0 focus streams")
+    _fake_shapes([("u0", u0, (F, E, row)), ("alpha", alpha, (E, F))] + _weight_shapes(w0_all, w1_all, gw_all, n, F, focus_dim, m0, m1, lg))
+    return u0.new_empty((E, F, row)), u0.new_empty((n - 1, F, E, row))
 
 
 @torch.library.register_fake("mixstack::stack_bwd")
 def _(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
-    E, F, row = out.shape
+    if grad_out is None or not grad_out.dtype.is_floating_point:
+        raise ValueError(f"mixstack_stack: `grad_out` has dtype {getattr(grad_out, 'dtype', None)}: a floating dtype is expected")
+    named = [("out", out, 3), ("z_all", z_all, 4), ("alpha", alpha, 2), ("w0_all", w0_all, 4), ("w1_all", w1_all, 4),
+             ("gw_all", gw_all, 4)]
+    _fake_args(named, lmax, focus_dim, path)
+    (E, F, _), n = out.shape, w0_all.shape[0]
+    row, m0, m1, lg = _dims(lmax, focus_dim)
+    torch._check_value(F >= 1, lambda: "mixstack_stack: out has F = 0 focus streams")
+    shapes = [("out", out, (E, F, row)), ("grad_out", grad_out, (E, F, row)), ("z_all", z_all, (n - 1, F, E, row)),
+              ("alpha", alpha, (E, F))]
+    _fake_shapes(shapes + _weight_shapes(w0_all, w1_all, gw_all, n, F, focus_dim, m0, m1, lg))
     return out.new_empty((F, E, row)), out.new_empty((E, F))
 
 
@@ -113,6 +168,18 @@ def _backward(ctx, grad_out, _grad_z_all):
 
 
 torch.library.register_autograd("mixstack::stack", _backward, setup_context=_setup_context)
+
+
+def _no_second_derivative(ctx, *grads):
+    raise RuntimeError(
+        "mixstack::stack is not twice differentiable: its backward (mixstack::stack_bwd) has no derivative. "
+        "Forces (one derivative) work; differentiating them again (a force loss in training) does not."
+    )
+
+
+# Without this, torch's fallback would let a second derivative through
+# with the paths via out and z_all silently missing (a wrong Hessian).
+torch.library.register_autograd("mixstack::stack_bwd", _no_second_derivative, setup_context=lambda ctx, inputs, output: None)
 
 
 def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path="auto"):
@@ -137,7 +204,10 @@ def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alp
 
     Gradients: only ``u0`` and ``alpha`` get gradients (the inference/force
     backward). The weights get **None**, even when they require grad: do not
-    use this op to train the weights. ``grad_alpha`` is
+    use this op to train the weights. One derivative only: differentiating
+    the gradients again (``create_graph=True`` then a second grad) raises;
+    forward-mode AD (``torch.func.jvp``, dual tensors) is not supported and
+    must not be used (its tangents are not computed). ``grad_alpha`` is
     ``sum(grad_out * out) / max(alpha, 1e-12)`` as upstream, i.e. exact for
     alpha > 0, and zeros when ``apply_alpha`` is false.
 

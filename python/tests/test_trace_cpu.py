@@ -176,6 +176,71 @@ def test_refusals_are_value_errors():
         raise AssertionError("a bad path was accepted")
 
 
+def _refused(what, fn, exc, needles):
+    try:
+        fn()
+    except exc as e:
+        assert all(n in str(e) for n in needles), f"{what}: {e}"
+    else:
+        raise AssertionError(f"{what} was accepted")
+
+
+def test_more_refusals_of_the_cpp_kernels():
+    # Each was accepted (or crashed torch's TensorIterator) before: a missing
+    # tensor, a non-floating grad_out (complex lost its imaginary part), an
+    # lmax whose ROW wraps to another lmax's (2^62 + 1 ran as lmax 1),
+    # a backward of F = 0.
+    u0, alpha, w0, w1, gw = _problem(torch.float64, True)
+    op, bwd = torch.ops.mixstack.stack, torch.ops.mixstack.stack_bwd
+    out, z = op(u0, alpha, w0, w1, gw, L, CF, True, "auto")
+    _refused("u0 None", lambda: op(None, alpha, w0, w1, gw, L, CF, True, "auto"), ValueError, ["`u0` is None"])
+    _refused("out None", lambda: bwd(out, None, z, alpha, w0, w1, gw, L, CF, True, "auto"), ValueError, ["`out` is None"])
+    for dt in (torch.int64, torch.bool, torch.complex128):
+        go = torch.ones_like(out, dtype=dt)
+        _refused(f"grad_out {dt}", lambda go=go: bwd(go, out, z, alpha, w0, w1, gw, L, CF, True, "auto"), ValueError,
+                 ["grad_out", "floating"])
+    l1 = (3 * 1 + 1) * CF
+    u1 = torch.zeros(F, E, l1, dtype=torch.float64)
+    w = (torch.zeros(N, F, 2 * CF, 2 * CF, dtype=torch.float64), torch.zeros(N, F, 2 * CF, 2 * CF, dtype=torch.float64),
+         torch.zeros(N - 1, F, CF, CF, dtype=torch.float64))
+    _refused("lmax 2^62 + 1", lambda: op(u1, alpha, *w, 2**62 + 1, CF, True, "auto"), ValueError, ["past int64"])
+    f0 = (out[:, :0], out[:, :0], z[:, :0], alpha[:, :0], w0[:, :0], w1[:, :0], gw[:, :0])
+    _refused("backward F = 0", lambda: bwd(*f0, L, CF, True, "auto"), ValueError, ["F = 0"])
+
+
+def test_fake_kernels_refuse_what_the_real_ones_do():
+    # On meta tensors (what tracing sees) the same ValueErrors; before, only
+    # the real kernel at run time refused these.
+    u0, alpha, w0, w1, gw = (t.detach().to("meta") for t in _problem(torch.float32, True))
+    op = torch.ops.mixstack.stack
+    out, z = op(u0, alpha, w0, w1, gw, L, CF, True, "auto")
+    assert out.shape == (E, F, ROW) and z.shape == (N - 1, F, E, ROW)
+    for what, args, needles in [
+        ("int dtype", (u0.int(), alpha, w0, w1, gw, L, CF), ["u0", "float32 and float64"]),
+        ("mixed dtype", (u0, alpha.double(), w0, w1, gw, L, CF), ["alpha", "one dtype"]),
+        ("lmax", (u0, alpha, w0, w1, gw, L + 1, CF), ["u0 must be"]),
+        ("alpha rank", (u0, u0, w0, w1, gw, L, CF), ["alpha", "2 dimensions"]),
+        ("devices", (torch.empty(F, E, ROW), alpha, w0, w1, gw, L, CF), ["device"]),
+        ("gw", (u0, alpha, w0, w1, gw[:1], L, CF), ["gw_all must be"]),
+    ]:
+        _refused(what, lambda args=args: op(*args, True, "auto"), ValueError, needles)
+    _refused("path", lambda: op(u0, alpha, w0, w1, gw, L, CF, True, "bogus"), ValueError, ["path"])
+    go = torch.empty(E, F, ROW, device="meta", dtype=torch.complex64)
+    _refused("grad_out", lambda: torch.ops.mixstack.stack_bwd(go, out, z, alpha, w0, w1, gw, L, CF, True, "auto"),
+             ValueError, ["floating"])
+
+
+def test_second_derivatives_are_refused():
+    # Forces are one derivative; differentiating them again went through
+    # torch's fallback with the paths via out and z_all missing: a wrong
+    # Hessian, silently.
+    u0, alpha, w0, w1, gw = _problem(torch.float64, True)
+    u0.requires_grad_()
+    out, _ = torch.ops.mixstack.stack(u0, alpha, w0, w1, gw, L, CF, True, "auto")
+    (gu,) = torch.autograd.grad(out.square().sum(), u0, create_graph=True)
+    _refused("second derivative", lambda: torch.autograd.grad(gu.sum(), u0), RuntimeError, ["not twice differentiable"])
+
+
 def test_aoti_package_calls_the_op_by_name():
     # An AOTInductor package (what `dp --pt-expt freeze` makes) of a module
     # calling the op records a call by name: loaded in a fresh process

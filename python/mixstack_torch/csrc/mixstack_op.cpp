@@ -223,7 +223,15 @@ struct Dims {
 Dims dims(int64_t lmax, int64_t focus_dim) {
   TORCH_CHECK_VALUE(lmax >= 1, "mixstack_stack: lmax must be >= 1, got ", std::to_string(lmax));
   TORCH_CHECK_VALUE(focus_dim >= 1, "mixstack_stack: focus_dim must be >= 1, got ", std::to_string(focus_dim));
-  return {lmax, focus_dim, (3 * lmax + 1) * focus_dim, (lmax + 1) * focus_dim, 2 * lmax * focus_dim, lmax * focus_dim};
+  // Checked: a wrapped ROW could match another lmax's tensors (2^62 + 1
+  // ran as lmax 1).
+  int64_t l3, row, m0, m1, lg;
+  const bool wraps = __builtin_mul_overflow(lmax, int64_t{3}, &l3) || __builtin_add_overflow(l3, int64_t{1}, &l3) ||
+                     __builtin_mul_overflow(l3, focus_dim, &row) || __builtin_mul_overflow(lmax, focus_dim, &lg) ||
+                     __builtin_add_overflow(lg, focus_dim, &m0) || __builtin_mul_overflow(lg, int64_t{2}, &m1);
+  TORCH_CHECK_VALUE(!wraps, "mixstack_stack: lmax = ", std::to_string(lmax), " and focus_dim = ",
+                    std::to_string(focus_dim), " give sizes past int64");
+  return {lmax, focus_dim, row, m0, m1, lg};
 }
 
 int path_code(c10::string_view path) {
@@ -246,7 +254,12 @@ std::string list_of(at::IntArrayRef a) {
   return s + "]";
 }
 
+void defined(const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.defined(), "mixstack_stack: `", name, "` is None (an undefined tensor)");
+}
+
 void same_kind(std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
+  for (const auto& [name, t] : ts) defined(name, *t);
   const auto& [first, t0] = *ts.begin();
   for (const auto& [name, t] : ts) {
     TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, "mixstack_stack: `", name,
@@ -311,6 +324,12 @@ std::pair<Call, at::Tensor> backward_call(const at::Tensor& grad_out_in, const a
                                           int64_t focus_dim, c10::string_view path) {
   const Dims d = dims(lmax, focus_dim);
   const int code = path_code(path);
+  defined("out", out);
+  defined("grad_out", grad_out_in);
+  // Autograd may hand in another floating dtype; anything else is refused,
+  // never converted (a complex grad_out would lose its imaginary part).
+  TORCH_CHECK_VALUE(at::isFloatingType(grad_out_in.scalar_type()), "mixstack_stack: `grad_out` has dtype ",
+                    grad_out_in.scalar_type(), ": a floating dtype is expected");
   at::Tensor grad_out = grad_out_in.to(out.scalar_type()).contiguous();
   same_kind({{"out", &out},
              {"grad_out", &grad_out},
@@ -321,6 +340,7 @@ std::pair<Call, at::Tensor> backward_call(const at::Tensor& grad_out_in, const a
              {"gw_all", &gw}});
   TORCH_CHECK_VALUE(out.dim() == 3, "mixstack_stack: out must be (E, F, ROW), got ", list_of(out.sizes()));
   const int64_t E = out.size(0), F = out.size(1);
+  TORCH_CHECK_VALUE(F >= 1, "mixstack_stack: out has F = 0 focus streams");
   const int64_t n = weights(w0, w1, gw, F, d);
   shape_is("out", out, {E, F, d.row});
   shape_is("grad_out", grad_out, {E, F, d.row});
