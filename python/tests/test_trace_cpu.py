@@ -241,6 +241,19 @@ def test_second_derivatives_are_refused():
     _refused("second derivative", lambda: torch.autograd.grad(gu.sum(), u0), RuntimeError, ["not twice differentiable"])
 
 
+def test_dual_tensors_are_refused():
+    # forward_ad's dual tensors: the op has no forward-mode derivative, and
+    # its tangent came back None, silently. (torch.func.jvp is not caught:
+    # python/README.md says forward mode is unsupported.)
+    import torch.autograd.forward_ad as fwAD
+
+    u0, alpha, w0, w1, gw = _problem(torch.float64, True)
+    with fwAD.dual_level():
+        d = fwAD.make_dual(u0, torch.ones_like(u0))
+        _refused("dual u0", lambda: torch.ops.mixstack.stack(d, alpha, w0, w1, gw, L, CF, True, "auto"),
+                 NotImplementedError, ["forward-mode AD is not supported"])
+
+
 def test_aoti_package_calls_the_op_by_name():
     # An AOTInductor package (what `dp --pt-expt freeze` makes) of a module
     # calling the op records a call by name: loaded in a fresh process

@@ -259,7 +259,13 @@ void defined(const char* name, const at::Tensor& t) {
 }
 
 void same_kind(std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
-  for (const auto& [name, t] : ts) defined(name, *t);
+  for (const auto& [name, t] : ts) {
+    defined(name, *t);
+    // No forward-mode derivative: a dual tensor's tangent would be dropped.
+    // (torch.func.jvp's tensors reach the kernel plain: not seen here.)
+    TORCH_CHECK_NOT_IMPLEMENTED(!t->_fw_grad(/*level=*/0).defined(), "mixstack_stack: `", name,
+                                "` carries a forward-mode tangent: forward-mode AD is not supported");
+  }
   const auto& [first, t0] = *ts.begin();
   for (const auto& [name, t] : ts) {
     TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, "mixstack_stack: `", name,
