@@ -16,8 +16,9 @@ pub enum Origin {
     /// Compiled with the toolchain (`version`: nvcc's release line);
     /// `cached` instances came from the compile cache.
     Toolchain { version: String, compiled: usize, cached: usize },
-    /// The committed snapshot, whose fingerprint matches the tree.
-    Snapshot { fingerprint: String },
+    /// The committed snapshot, whose fingerprint matches the tree; `missing`
+    /// says where the toolchain was looked for.
+    Snapshot { fingerprint: String, missing: String },
 }
 
 impl Origin {
@@ -90,8 +91,8 @@ pub fn lines(now: &Manifest, committed: Option<&Manifest>, origin: &Origin, bles
             "from the toolchain ({}): {compiled} compiled, {cached} from cache",
             version.trim_start_matches("Cuda compilation tools, ")
         ),
-        Origin::Snapshot { fingerprint } => format!(
-            "from the snapshot: no CUDA toolchain, so built from the committed {}/ (fingerprint {} matches); kernels embed PTX only, JIT-compiled by the driver",
+        Origin::Snapshot { fingerprint, missing } => format!(
+            "from the snapshot: no CUDA toolchain ({missing}), so built from the committed {}/ (fingerprint {} matches); kernels embed PTX only, JIT-compiled by the driver",
             snapshot::DIR,
             fingerprint.get(..12).unwrap_or(fingerprint)
         ),

@@ -36,16 +36,18 @@ root holding bin/nvcc and bin/ptxas";
 
 impl Toolchain {
     /// MIXSTACK_CUDA_ROOT, else `<crate>/.toolchain/nvidia/cu13`. Only 13.0 is
-    /// accepted: newer tools emit PTX the 13.0 driver rejects.
-    pub fn find(crate_dir: &Path) -> Result<Option<Toolchain>, String> {
-        let candidates: Vec<PathBuf> = match std::env::var_os("MIXSTACK_CUDA_ROOT") {
-            Some(r) => vec![PathBuf::from(r)],
-            None => vec![crate_dir.join(".toolchain/nvidia/cu13")],
+    /// accepted: newer tools emit PTX the 13.0 driver rejects. `Ok(Err(why))`:
+    /// none there, `why` saying where it looked (a snapshot build says it);
+    /// `Err`: one there that cannot be used.
+    pub fn find(crate_dir: &Path) -> Result<Result<Toolchain, String>, String> {
+        let (root, from) = match std::env::var_os("MIXSTACK_CUDA_ROOT") {
+            Some(r) => (PathBuf::from(r), "MIXSTACK_CUDA_ROOT"),
+            None => (crate_dir.join(".toolchain/nvidia/cu13"), "the default"),
         };
-        for root in candidates {
+        {
             let nvcc = root.join("bin/nvcc");
             if !nvcc.exists() {
-                continue;
+                return Ok(Err(format!("no {} ({from})", nvcc.display())));
             }
             let out = Command::new(&nvcc)
                 .arg("--version")
@@ -62,9 +64,8 @@ impl Toolchain {
                 .output()
                 .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
             let identity = format!("{text}\n{}", String::from_utf8_lossy(&out.stdout));
-            return Ok(Some(Toolchain { root, version, identity }));
+            Ok(Ok(Toolchain { root, version, identity }))
         }
-        Ok(None)
     }
 
     fn nvcc_args(&self, arch: &str, include: &Path, src: &Path, ptx: &Path) -> Vec<String> {

@@ -89,12 +89,15 @@ pub fn run(opts: &Options) -> Result<Outcome, PipelineError> {
     let committed = buildlog::committed(&opts.crate_dir);
     let archs = specs.stages.archs.clone();
     let (mut built, origin) = match Toolchain::find(&opts.crate_dir).map_err(PipelineError::Snapshot)? {
-        Some(tc) => {
+        Ok(tc) => {
             let (built, cached) = compile_all(&tc, &exp, &cuda, &rendered, &opts.cache_dir)?;
             let compiled = built.len() - cached;
             (built, Origin::Toolchain { version: tc.version, compiled, cached })
         }
-        None => (from_snapshot(opts, &exp, &fingerprint)?, Origin::Snapshot { fingerprint: fingerprint.clone() }),
+        Err(missing) => (
+            from_snapshot(opts, &exp, &fingerprint, &missing)?,
+            Origin::Snapshot { fingerprint: fingerprint.clone(), missing },
+        ),
     };
     let source = origin.source();
 
@@ -217,12 +220,17 @@ fn compile_all(
     Ok((built, cached))
 }
 
-fn from_snapshot(opts: &Options, exp: &Expansion, fingerprint: &str) -> Result<Vec<Built>, PipelineError> {
+fn from_snapshot(
+    opts: &Options,
+    exp: &Expansion,
+    fingerprint: &str,
+    missing: &str,
+) -> Result<Vec<Built>, PipelineError> {
     let dir = opts.crate_dir.join(snapshot::DIR);
     let committed = snapshot::committed_fingerprint(&opts.crate_dir);
     if committed.as_deref() != Some(fingerprint) {
         return Err(PipelineError::Snapshot(format!(
-            "no CUDA 13.0 toolchain found, and the snapshot in {} does not match this tree (fingerprint {} vs committed {}): {INSTALL_HINT}, then `cargo build` again",
+            "no CUDA 13.0 toolchain found ({missing}), and the snapshot in {} does not match this tree (fingerprint {} vs committed {}): {INSTALL_HINT}, then `cargo build` again",
             dir.display(),
             &fingerprint[..12],
             committed.as_deref().map(|c| &c[..12]).unwrap_or("none or unreadable")

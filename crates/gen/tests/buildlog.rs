@@ -118,7 +118,8 @@ fn without_a_readable_snapshot_every_rejection_is_named() {
 fn a_snapshot_build_prints_one_line_that_says_so() {
     let s = snapshot();
     let fingerprint = "41cbf475d7a92b989034e38dc6bd097381e65dfb34b1ddec7be553d91342c99b".to_string();
-    let origin = Origin::Snapshot { fingerprint };
+    let missing = "no /nowhere/bin/nvcc (MIXSTACK_CUDA_ROOT)".to_string();
+    let origin = Origin::Snapshot { fingerprint, missing };
     assert_eq!(origin.source(), "snapshot");
     assert_eq!(toolchain().source(), "toolchain");
     let out = lines(&s, Some(&s), &origin, false);
@@ -126,7 +127,7 @@ fn a_snapshot_build_prints_one_line_that_says_so() {
         out,
         vec![
             "mixstack: 3 instance builds (sm_90 3), 1 accepted, 2 rejected for spills, as in the snapshot (`mixstack report` lists them); \
-             from the snapshot: no CUDA toolchain, so built from the committed generated-tests/ (fingerprint 41cbf475d7a9 \
+             from the snapshot: no CUDA toolchain (no /nowhere/bin/nvcc (MIXSTACK_CUDA_ROOT)), so built from the committed generated-tests/ (fingerprint 41cbf475d7a9 \
              matches); kernels embed PTX only, JIT-compiled by the driver"
         ]
     );
