@@ -44,28 +44,24 @@ impl Toolchain {
             Some(r) => (PathBuf::from(r), "MIXSTACK_CUDA_ROOT"),
             None => (crate_dir.join(".toolchain/nvidia/cu13"), "the default"),
         };
-        {
-            let nvcc = root.join("bin/nvcc");
-            if !nvcc.exists() {
-                return Ok(Err(format!("no {} ({from})", nvcc.display())));
-            }
-            let out = Command::new(&nvcc)
-                .arg("--version")
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
-            let text = String::from_utf8_lossy(&out.stdout).to_string();
-            let version = text.lines().find(|l| l.contains("release")).unwrap_or("").trim().to_string();
-            if !version.contains(REQUIRED_RELEASE) {
-                return Err(format!("{} is '{version}', need {REQUIRED_RELEASE}; {INSTALL_HINT}", nvcc.display()));
-            }
-            let ptxas = root.join("bin/ptxas");
-            let out = Command::new(&ptxas)
-                .arg("--version")
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
-            let identity = format!("{text}\n{}", String::from_utf8_lossy(&out.stdout));
-            Ok(Ok(Toolchain { root, version, identity }))
+        let nvcc = root.join("bin/nvcc");
+        if !nvcc.exists() {
+            return Ok(Err(format!("no {} ({from})", nvcc.display())));
         }
+        let out =
+            Command::new(&nvcc).arg("--version").output().map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let version = text.lines().find(|l| l.contains("release")).unwrap_or("").trim().to_string();
+        if !version.contains(REQUIRED_RELEASE) {
+            return Err(format!("{} is '{version}', need {REQUIRED_RELEASE}; {INSTALL_HINT}", nvcc.display()));
+        }
+        let ptxas = root.join("bin/ptxas");
+        let out = Command::new(&ptxas)
+            .arg("--version")
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+        let identity = format!("{text}\n{}", String::from_utf8_lossy(&out.stdout));
+        Ok(Ok(Toolchain { root, version, identity }))
     }
 
     fn nvcc_args(&self, arch: &str, include: &Path, src: &Path, ptx: &Path) -> Vec<String> {
