@@ -13,11 +13,14 @@ first use builds it into ``$MIXSTACK_TORCH_CACHE`` (default
 ``python -m mixstack_torch._ext [DIR]`` builds it and prints its path.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 LIB_NAME = "libmixstack_torch.so"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,6 +39,30 @@ def header_dir():
 def _stamp(torch):
     """The torch a build is for (its version and C++ ABI), written beside it."""
     return f"{torch.__version__} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+
+
+def _digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read())
+    return "sha256 " + h.hexdigest()
+
+
+def _stamp_lines(path):
+    """The lines of the stamp beside a build: the torch it is for, and the
+    build's own digest (written when it was published)."""
+    try:
+        with open(path + ".torch") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def _intact(path):
+    """A cached build is loaded only as it was published: a file cut short
+    (a full disk, a copy) would crash the loader (SIGBUS), not fail it."""
+    lines = _stamp_lines(path)
+    return len(lines) >= 2 and os.path.isfile(path) and _digest(path) == lines[1]
 
 
 def _key(torch):
@@ -63,43 +90,86 @@ def build(out_dir):
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-I", header_dir()]
     for d in cpp_extension.include_paths():
         cmd += ["-isystem", d]
-    tmp = f"{out}.{os.getpid()}.tmp"  # builds in parallel (ranks, test workers) do not share it
+    # A name no other build uses, whatever its host or PID namespace (ranks
+    # sharing a cache over NFS).
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=LIB_NAME + ".", suffix=".tmp")
+    os.close(fd)
     cmd += [SOURCE, "-o", tmp]
     for d in libs:
         cmd += ["-L", d, f"-Wl,-rpath,{d}"]
     cmd += ["-lc10", "-ltorch", "-ltorch_cpu", "-ldl"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"mixstack_torch: building {LIB_NAME} failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
-    with open(tmp + ".torch", "w") as f:
-        f.write(_stamp(torch) + "\n")
-    os.replace(tmp + ".torch", out + ".torch")
-    os.replace(tmp, out)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"mixstack_torch: building {LIB_NAME} failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
+        # Published only once it loads (in a child: loading registers ops).
+        probe = "import ctypes, sys, torch; ctypes.CDLL(sys.argv[1])"
+        r = subprocess.run([sys.executable, "-c", probe, tmp], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"mixstack_torch: the built {LIB_NAME} does not load:\n{r.stderr[-4000:]}")
+        with open(tmp + ".torch", "w") as f:
+            f.write(_stamp(torch) + "\n" + _digest(tmp) + "\n")
+        os.replace(tmp + ".torch", out + ".torch")
+        os.replace(tmp, out)
+    finally:
+        for t in (tmp, tmp + ".torch"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(t)
     return out
 
 
-def library_path(build_missing=True):
+@contextlib.contextmanager
+def _locked(d):
+    """An exclusive lock on folder `d` (created): one build at a time among
+    the processes sharing it (MPI ranks, test workers), the others wait and
+    then find it built. POSIX locks, which NFS's lock manager honours."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, ".lock"), "a") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+def library_path(build_missing=True, packaged=True):
     """The libmixstack_torch.so to load: the package's (built at install) if
-    built for this torch, else the cached build for this torch and source
-    (built now if missing)."""
+    built for this torch (and `packaged`), else the cached build for this
+    torch and source (built now if missing or not as published)."""
     import torch
 
-    packaged = os.path.join(_HERE, LIB_NAME)
-    try:
-        with open(packaged + ".torch") as f:
-            if f.read().strip() == _stamp(torch):
-                return packaged
-    except OSError:
-        pass
+    own = os.path.join(_HERE, LIB_NAME)
+    if packaged and _stamp_lines(own)[:1] == [_stamp(torch)]:
+        return own
 
-    cache = os.environ.get("MIXSTACK_TORCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mixstack_torch")
-    d = os.path.join(cache, _key(torch))
+    d = _cache_dir(torch)
     path = os.path.join(d, LIB_NAME)
-    if not os.path.isfile(path):
+    if not _intact(path):
         if not build_missing:
             raise FileNotFoundError(path)
-        build(d)
+        with _locked(d):
+            if not _intact(path):
+                build(d)
     return path
+
+
+def _cache_dir(torch):
+    cache = os.environ.get("MIXSTACK_TORCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mixstack_torch")
+    return os.path.join(cache, _key(torch))
+
+
+def rebuild(path):
+    """Build the cached library at `path` again (one that exists but does not
+    load: a build cut short, or damaged); the package's own is not rebuilt."""
+    import torch
+
+    d = _cache_dir(torch)
+    if os.path.dirname(os.path.abspath(path)) != os.path.abspath(d):
+        raise FileNotFoundError(f"{path} is not a cached build; reinstall the package")
+    with _locked(d):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return build(d)
 
 
 if __name__ == "__main__":

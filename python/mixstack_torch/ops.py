@@ -35,7 +35,13 @@ def _load_ext():
     CUDA kernels) and points it at the libmixstack.so this package loads,
     where there is one (the CPU kernels need none)."""
     path = _ext.library_path()
-    torch.ops.load_library(path)
+    try:
+        torch.ops.load_library(path)
+    except OSError:
+        # A cached build that does not load (cut short, or damaged): built
+        # again, once (the package's own build is not: reinstall it).
+        path = _ext.rebuild(path)
+        torch.ops.load_library(path)
     lib = ctypes.CDLL(path)
     lib.mixstack_torch_set_library.argtypes = [ctypes.c_char_p]
     lib.mixstack_torch_last_path.argtypes = [ctypes.c_char_p, ctypes.c_size_t]

@@ -254,6 +254,37 @@ def test_dual_tensors_are_refused():
                  NotImplementedError, ["forward-mode AD is not supported"])
 
 
+def test_the_op_library_cache_survives_concurrent_builds_and_damage():
+    # Ranks importing at once into one empty cache: one builds (the others
+    # wait on its lock), no temporary is left. Then a build cut short (the
+    # loader would die of SIGBUS on it) is found by its digest and rebuilt.
+    import subprocess
+    import tempfile
+
+    from mixstack_torch import _ext
+
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, MIXSTACK_TORCH_CACHE=cache)
+        # The cache itself (an installed package has its own build as well).
+        code = "import ctypes, torch; from mixstack_torch import _ext; p = _ext.library_path(packaged=False); ctypes.CDLL(p); print(p)"
+        child = [sys.executable, "-c", code]
+        procs = [subprocess.Popen(child, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        outs = [p.communicate() for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+        paths = {o[0].strip().splitlines()[-1] for o in outs}
+        assert len(paths) == 1, paths
+        (path,) = paths
+        left = sorted(os.listdir(os.path.dirname(path)))
+        assert left == [".lock", _ext.LIB_NAME, _ext.LIB_NAME + ".torch"], left
+        with open(path, "rb") as f:
+            head = f.read(1000)
+        with open(path, "wb") as f:
+            f.write(head)
+        r = subprocess.run(child, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, f"a damaged cached build: rc {r.returncode}\n{r.stderr[-2000:]}"
+        assert os.path.getsize(path) > 1000 and _ext._intact(path)
+
+
 def test_aoti_package_calls_the_op_by_name():
     # An AOTInductor package (what `dp --pt-expt freeze` makes) of a module
     # calling the op records a call by name: loaded in a fresh process

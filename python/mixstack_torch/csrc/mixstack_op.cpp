@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <string>
@@ -58,8 +59,10 @@ struct Lib {
 
 // Guards the library, the handle map and the last path; never held during
 // a C call that launches or waits (the C ABI's handles are thread-safe).
-std::mutex g_mu;
-std::string g_lib_path;  // set by mixstack_torch_set_library
+// The globals are made once and never destroyed: a thread still inside an
+// op while the process exits must not meet a destroyed map or string.
+std::mutex& g_mu = *new std::mutex;
+std::string& g_lib_path = *new std::string;  // set by mixstack_torch_set_library
 Lib* g_lib = nullptr;
 
 std::string dir_of_this_library() {
@@ -73,6 +76,14 @@ std::string dir_of_this_library() {
 bool is_dir(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// One file under two spellings (a symlink, a relative path): same device
+// and inode.
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  if (stat(a.c_str(), &sa) != 0 || stat(b.c_str(), &sb) != 0) return a == b;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 std::vector<std::string> candidates() {
@@ -189,20 +200,25 @@ void check(int status, const Lib& l, const char* func) {
 // ---------------------------------------------------------------------
 
 using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t>;
-std::map<Key, mixstack_stack*> g_stacks;
+// A C handle, shared by the map and every call using it: destroyed by the
+// last of them, so clear_cache() never pulls one from under a call in flight.
+using Handle = std::shared_ptr<mixstack_stack>;
+std::map<Key, Handle>& g_stacks = *new std::map<Key, Handle>;
 int g_last_code = 0;  // the most recent backward's path (1 relay, 2 fused) and why
-std::string g_last_reason;
+std::string& g_last_reason = *new std::string;
 
 // The library and the handle for this call's shape (made on first use).
-std::pair<const Lib*, mixstack_stack*> stack_for(int device, int dtype, int64_t F, int64_t cf, int64_t lmax, int64_t n,
-                                                 void* stream) {
+std::pair<const Lib*, Handle> stack_for(int device, int dtype, int64_t F, int64_t cf, int64_t lmax, int64_t n,
+                                        void* stream) {
   std::lock_guard<std::mutex> lock(g_mu);
   Lib& l = lib_locked();
   const Key key{device, dtype, F, cf, lmax, n};
   if (auto it = g_stacks.find(key); it != g_stacks.end()) return {&l, it->second};
   refuse_capture(stream);
-  mixstack_stack* h = nullptr;
-  check(l.create_borrowing(dtype, device, F, cf, lmax, n, &h), l, "mixstack_stack_create_borrowing");
+  mixstack_stack* raw = nullptr;
+  check(l.create_borrowing(dtype, device, F, cf, lmax, n, &raw), l, "mixstack_stack_create_borrowing");
+  const Lib* lib = &l;  // for the process's lifetime
+  Handle h(raw, [lib](mixstack_stack* p) { lib->destroy(p); });
   g_stacks.emplace(key, h);
   return {&l, h};
 }
@@ -369,7 +385,7 @@ std::tuple<at::Tensor, at::Tensor> stack_cuda(const at::Tensor& u0, const at::Te
   const c10::DeviceGuard guard(u0.device());
   void* stream = current_stream(u0.device());
   const auto [l, h] = stack_for(u0.device().index(), dtype_code(u0), F, d.cf, d.L, n, stream);
-  check(l->forward_w(h, E, u0.data_ptr(), alpha.data_ptr(), apply_alpha ? 1 : 0, w0.data_ptr(), w1.data_ptr(),
+  check(l->forward_w(h.get(), E, u0.data_ptr(), alpha.data_ptr(), apply_alpha ? 1 : 0, w0.data_ptr(), w1.data_ptr(),
                      gw.numel() ? gw.data_ptr() : nullptr, out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
                      stream),
         *l, "mixstack_forward_w");
@@ -390,7 +406,7 @@ std::tuple<at::Tensor, at::Tensor> stack_bwd_cuda(const at::Tensor& grad_out_in,
   const at::Tensor wt0 = blocks_t(w0), wt1 = blocks_t(w1), gwt = blocks_t(gw);
   void* stream = current_stream(out.device());
   const auto [l, h] = stack_for(out.device().index(), dtype_code(out), F, d.cf, d.L, n, stream);
-  check(l->backward_w(h, E, grad_out.data_ptr(), out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
+  check(l->backward_w(h.get(), E, grad_out.data_ptr(), out.data_ptr(), z_all.numel() ? z_all.data_ptr() : nullptr,
                       alpha.data_ptr(), apply_alpha ? 1 : 0, wt0.data_ptr(), wt1.data_ptr(),
                       gw.numel() ? gw.data_ptr() : nullptr, gwt.numel() ? gwt.data_ptr() : nullptr, grad_u0.data_ptr(),
                       grad_alpha.data_ptr(), code, stream),
@@ -399,7 +415,7 @@ std::tuple<at::Tensor, at::Tensor> stack_bwd_cuda(const at::Tensor& grad_out_in,
   // so a failure here only leaves the record as it was.
   int path_ran = 0;
   char reason[256] = {0};
-  if (l->last_path(h, &path_ran, reason, sizeof reason) == MIXSTACK_OK) {
+  if (l->last_path(h.get(), &path_ran, reason, sizeof reason) == MIXSTACK_OK) {
     std::lock_guard<std::mutex> lock(g_mu);
     g_last_code = path_ran;
     g_last_reason = reason;
@@ -517,7 +533,7 @@ MIXSTACK_TORCH_API int mixstack_torch_set_library(const char* path) noexcept {
   if (path == nullptr) return 1;
   try {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (g_lib != nullptr) return g_lib->path == path ? 0 : 1;
+    if (g_lib != nullptr) return same_file(g_lib->path, path) ? 0 : 1;
     g_lib_path = path;
     return 0;
   } catch (...) {
@@ -541,7 +557,7 @@ MIXSTACK_TORCH_API int mixstack_torch_last_path(char* reason, size_t len) noexce
 MIXSTACK_TORCH_API int mixstack_torch_clear_cache(int release_only) noexcept {
   try {
     const Lib* l = nullptr;
-    std::vector<mixstack_stack*> handles;
+    std::vector<Handle> handles;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_lib == nullptr) return 0;
@@ -549,12 +565,12 @@ MIXSTACK_TORCH_API int mixstack_torch_clear_cache(int release_only) noexcept {
       for (const auto& kv : g_stacks) handles.push_back(kv.second);
       if (!release_only) g_stacks.clear();
     }
+    // Without the map's references a handle is destroyed when `handles`
+    // goes (or, if a call is using it, when that call ends).
     int status = 0;
-    for (mixstack_stack* h : handles) {
-      if (release_only) {
-        if (const int s = l->release_cached_memory(h); s != MIXSTACK_OK) status = s;
-      } else {
-        l->destroy(h);
+    if (release_only) {
+      for (const Handle& h : handles) {
+        if (const int s = l->release_cached_memory(h.get()); s != MIXSTACK_OK) status = s;
       }
     }
     return status;
