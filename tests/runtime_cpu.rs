@@ -294,6 +294,26 @@ fn select_prefers_default_among_accepted() {
 }
 
 #[test]
+fn select_names_the_shared_memory_when_no_kernel_fits() {
+    // Kernels exist for the key but none fits the limit: the error says so,
+    // naming the smallest and what it needs (it said "no accepted kernel").
+    let none = TileOverride::new();
+    let d = Dispatch::builtin().with_smem_limit(Some(1));
+    match d.select(Stage::FwdM0, Dtype::F32, 32, 3, &none) {
+        Err(e @ MixError::SharedMemory { bytes, limit: 1, .. }) => {
+            assert!(bytes > 1, "{e}");
+            assert!(e.to_string().contains("shared memory"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A Cf without kernels stays an unsupported shape.
+    assert!(matches!(
+        d.select(Stage::FwdM0, Dtype::F32, 40, 3, &none),
+        Err(MixError::UnsupportedShape { param: ShapeParam::Cf, .. })
+    ));
+}
+
+#[test]
 fn select_first_accepted_without_default() {
     let mut t = relay_entries(Dtype::F32, 32);
     t.retain(|e| e.stage != Stage::BwdGemm);

@@ -577,13 +577,21 @@ impl<'t> Dispatch<'t> {
         if let Some(e) = self.default_for(stage, dtype, cf, lmax) {
             return Ok(e);
         }
-        // Distinguish "this Cf has no kernels at all" from "this stage is missing".
+        // Distinguish "this Cf has no kernels at all" from "this stage is
+        // missing" and from "none fits the shared memory at this lmax".
         let cfs = self.cfs(dtype);
         if !cfs.contains(&cf) {
             return Err(MixError::UnsupportedShape {
                 param: ShapeParam::Cf,
                 value: cf as u64,
                 supported: format_set(&cfs, dtype),
+            });
+        }
+        if let Some(e) = self.candidates(stage, dtype, cf).into_iter().min_by_key(|e| Self::smem_bytes(e, lmax)) {
+            return Err(MixError::SharedMemory {
+                kernel: e.name,
+                bytes: Self::smem_bytes(e, lmax),
+                limit: self.smem_limit.unwrap_or(self.arch.max_smem() as u64),
             });
         }
         Err(MixError::NoKernel { stage, dtype, cf })
