@@ -265,9 +265,16 @@ def test_the_op_library_cache_survives_concurrent_builds_and_damage():
 
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, MIXSTACK_TORCH_CACHE=cache)
-        # The cache itself (an installed package has its own build as well).
-        code = "import ctypes, torch; from mixstack_torch import _ext; p = _ext.library_path(packaged=False); ctypes.CDLL(p); print(p)"
-        child = [sys.executable, "-c", code]
+        # The cache itself (an installed package has its own build as well),
+        # by _ext alone: importing the package would load its op library,
+        # and a second one cannot register the same namespace.
+        code = (
+            "import ctypes, importlib.util, sys, torch; "
+            "s = importlib.util.spec_from_file_location('_mixstack_ext', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "p = m.library_path(packaged=False); ctypes.CDLL(p); print(p)"
+        )
+        child = [sys.executable, "-c", code, _ext.__file__]
         procs = [subprocess.Popen(child, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
         outs = [p.communicate() for p in procs]
         assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
