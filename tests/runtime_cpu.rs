@@ -665,9 +665,10 @@ fn shape_arithmetic() {
 fn a_cap_that_cuts_a_call_into_too_many_chunks_is_refused() {
     use mixstack::runtime::chunk::{plan, Chunking, MAX_CHUNKS};
     // The seed's edges at 4,228 bytes a row: a cap of one row would plan
-    // 646,000 chunks (23 million steps).
+    // 2 x 646,000 chunks (23 million steps). The bound is per call: F foci
+    // share it.
     let e = 646_000;
-    let smallest = (e as u64).div_ceil(MAX_CHUNKS);
+    let smallest = (e as u64).div_ceil(MAX_CHUNKS / 2);
     match plan(2, e, 4228, 4228, 1, 4300) {
         Err(MixError::ScratchCap { min_rows, .. }) => assert_eq!(min_rows, smallest),
         other => panic!("{other:?}"),
@@ -680,6 +681,14 @@ fn a_cap_that_cuts_a_call_into_too_many_chunks_is_refused() {
     }
     // Small calls chunk as finely as the cap says.
     assert_eq!(plan(1, 2001, 64, 64, 1, 64 * 100).unwrap(), Chunking::Chunks { rows: 100 });
+    // Many foci: fewer pieces each (F 1,000 at E 60,000 and a one-row cap
+    // would have planned 60 million chunks).
+    match plan(1000, 60_000, 8, 8, 1, 8) {
+        Err(MixError::ScratchCap { min_rows, .. }) => assert_eq!(min_rows, 60_000u64.div_ceil(MAX_CHUNKS / 1000)),
+        other => panic!("{other:?}"),
+    }
+    // At most F foci: whole foci are always allowed.
+    assert_eq!(plan(65_535, 100, 8, 8, 1, 800).unwrap(), Chunking::Chunks { rows: 100 });
 }
 
 // ----------------------------------------------------------------------

@@ -102,9 +102,16 @@ def build(out_dir):
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"mixstack_torch: building {LIB_NAME} failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
-        # Published only once it loads (in a child: loading registers ops).
+        # mkstemp made it 0600 (the linker keeps that): readable by all, as a
+        # library is, under the umask.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        # Published only once it loads (in a child, which sees this sys.path:
+        # loading registers ops).
         probe = "import ctypes, sys, torch; ctypes.CDLL(sys.argv[1])"
-        r = subprocess.run([sys.executable, "-c", probe, tmp], capture_output=True, text=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        r = subprocess.run([sys.executable, "-c", probe, tmp], capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"mixstack_torch: the built {LIB_NAME} does not load:\n{r.stderr[-4000:]}")
         with open(tmp + ".torch", "w") as f:
@@ -158,18 +165,30 @@ def _cache_dir(torch):
     return os.path.join(cache, _key(torch))
 
 
-def rebuild(path):
+def identity(path):
+    """What a rebuild compares: the file that failed to load, or another."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        return st.st_ino, st.st_mtime_ns, st.st_size
+    return None
+
+
+def rebuild(path, failed):
     """Build the cached library at `path` again (one that exists but does not
-    load: a build cut short, or damaged); the package's own is not rebuilt."""
+    load: a build cut short, or damaged), unless another process already
+    has: `failed` is the identity() of the file that did not load. The
+    package's own build is not rebuilt."""
     import torch
 
     d = _cache_dir(torch)
     if os.path.dirname(os.path.abspath(path)) != os.path.abspath(d):
         raise FileNotFoundError(f"{path} is not a cached build; reinstall the package")
     with _locked(d):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-        return build(d)
+        if identity(path) == failed or not _intact(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            build(d)
+    return path
 
 
 if __name__ == "__main__":

@@ -35,12 +35,14 @@ def _load_ext():
     CUDA kernels) and points it at the libmixstack.so this package loads,
     where there is one (the CPU kernels need none)."""
     path = _ext.library_path()
+    seen = _ext.identity(path)
     try:
         torch.ops.load_library(path)
     except OSError:
         # A cached build that does not load (cut short, or damaged): built
-        # again, once (the package's own build is not: reinstall it).
-        path = _ext.rebuild(path)
+        # again, once, unless another process has already (the package's
+        # own build is not: reinstall it).
+        path = _ext.rebuild(path, seen)
         torch.ops.load_library(path)
     lib = ctypes.CDLL(path)
     lib.mixstack_torch_set_library.argtypes = [ctypes.c_char_p]
@@ -115,6 +117,8 @@ def _fake_shapes(shapes):
     """Each (name, tensor, want) of `shapes` of size `want`; symbolic sizes
     are checked with torch._check_value, which records them as guards."""
     for name, t, want in shapes:
+        if t.dim() != len(want):
+            raise ValueError(f"mixstack_stack: {name} must be {list(want)}, got {list(t.shape)}")
         for got, w in zip(t.shape, want):
             torch._check_value(got == w, lambda name=name, t=t, want=want: f"mixstack_stack: {name} must be {list(want)}, got {list(t.shape)}")
 
@@ -144,6 +148,8 @@ def _(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
 def _(grad_out, out, z_all, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path):
     if grad_out is None or not grad_out.dtype.is_floating_point:
         raise ValueError(f"mixstack_stack: `grad_out` has dtype {getattr(grad_out, 'dtype', None)}: a floating dtype is expected")
+    if out is not None and grad_out.device != out.device:
+        raise ValueError(f"mixstack_stack: `grad_out` is on {grad_out.device}, `out` on {out.device}: one device")
     named = [("out", out, 3), ("z_all", z_all, 4), ("alpha", alpha, 2), ("w0_all", w0_all, 4), ("w1_all", w1_all, 4),
              ("gw_all", gw_all, 4)]
     _fake_args(named, lmax, focus_dim, path)

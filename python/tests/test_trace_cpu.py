@@ -228,6 +228,9 @@ def test_fake_kernels_refuse_what_the_real_ones_do():
     go = torch.empty(E, F, ROW, device="meta", dtype=torch.complex64)
     _refused("grad_out", lambda: torch.ops.mixstack.stack_bwd(go, out, z, alpha, w0, w1, gw, L, CF, True, "auto"),
              ValueError, ["floating"])
+    go = torch.empty(E, F, device="meta")
+    _refused("grad_out rank", lambda: torch.ops.mixstack.stack_bwd(go, out, z, alpha, w0, w1, gw, L, CF, True, "auto"),
+             ValueError, ["grad_out must be"])
 
 
 def test_second_derivatives_are_refused():

@@ -19,9 +19,10 @@ pub const CAP_SPELLINGS: &str = "a positive byte count, optionally with a K, M, 
 /// the seed workload never chunks; a 24 GB card: 3 GB).
 pub const DEFAULT_CAP_DIVISOR: u64 = 8;
 
-/// Most chunks one call walks: a call plans every step ahead, so a cap
-/// that would cut E into more pieces is refused as too small (the seed's
-/// 646,000 edges at a cap of one edge would plan 23 million steps).
+/// Most chunks one call walks (F foci, each cut into the same pieces): a
+/// call plans every step ahead, so a cap that would cut it finer is refused
+/// as too small (the seed's 646,000 edges at a cap of one edge would plan 23
+/// million steps). Whole foci are always allowed (F <= 65,535).
 pub const MAX_CHUNKS: u64 = 65_536;
 
 /// Where a call's scratch cap comes from.
@@ -109,8 +110,10 @@ pub fn plan(
     }
     let granule = granule.max(1) as u64;
     let rows = fit / granule * granule;
-    // The smallest chunk: one granule, and no more than MAX_CHUNKS of them.
-    let min_rows = (e as u64).div_ceil(MAX_CHUNKS).div_ceil(granule).saturating_mul(granule).min(e as u64);
+    // The smallest chunk: one granule, and no more than MAX_CHUNKS in all
+    // (MAX_CHUNKS / F per focus).
+    let per_focus = (MAX_CHUNKS / (f as u64).max(1)).max(1);
+    let min_rows = (e as u64).div_ceil(per_focus).div_ceil(granule).saturating_mul(granule).min(e as u64);
     if rows == 0 || rows < min_rows {
         return Err(MixError::ScratchCap {
             cap,

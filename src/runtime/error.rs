@@ -127,7 +127,7 @@ pub enum MixError {
 
     /// The scratch cap cannot hold the smallest chunk: one edge, or on
     /// the cuBLAS gate path one GEMM piece of edges (gate_blas.rs), and
-    /// at least E / [`super::chunk::MAX_CHUNKS`] edges.
+    /// enough edges that a call walks at most [`super::chunk::MAX_CHUNKS`].
     #[error("the scratch cap of {cap} bytes is below the smallest chunk's scratch ({min_rows} edges of {row_bytes} bytes): raise it (MIXSTACK_SCRATCH_CAP or Stack::set_scratch_cap)")]
     ScratchCap { cap: u64, min_rows: u64, row_bytes: u64 },
 

@@ -9,9 +9,9 @@ pub fn is_ident(name: &str) -> bool {
 }
 
 /// Names the specs may not give what the rendered code declares: C++ keywords
-/// and alternative tokens, CUDA's built-in variables, and the names the
-/// templates declare around it (the template parameters of templates/*.cuh,
-/// `T` first; `Prim`, `Vec`, `Smem`, the namespace `ms`).
+/// and alternative tokens, CUDA's built-in variables, and the names in scope
+/// where spec names are rendered (ops.cuh's template parameter `T`; `Prim`,
+/// `Vec`, `Smem`, the namespace `ms`).
 #[rustfmt::skip]
 const RESERVED: &[&str] = &[
     // C++20 keywords
@@ -27,9 +27,8 @@ const RESERVED: &[&str] = &[
     "and", "and_eq", "bitand", "bitor", "compl", "not", "not_eq", "or", "or_eq", "xor", "xor_eq",
     // CUDA built-ins
     "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize",
-    // what the templates declare
-    "T", "N", "U", "CF", "ROWS", "THREADS", "NMIN", "BM", "BN", "BK", "TM", "TN", "AP", "BP", "Prim", "Vec", "Smem",
-    "ms",
+    // what is in scope where spec names are rendered
+    "T", "Prim", "Vec", "Smem", "ms",
 ];
 
 /// Rust's keywords: a kernel parameter is also a Rust field (in lower case).

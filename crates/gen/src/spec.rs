@@ -386,7 +386,9 @@ impl Specs {
         let consts = &self.ops.constants;
         for (name, &v) in consts {
             let field = format!("constants.{name}");
-            if let Some(m) = crate::params::ident_problem(name) {
+            // Rendered as literals, never by name: an identifier to read.
+            if !crate::params::is_ident(name) {
+                let m = format!("'{name}' is not an identifier (a letter or _, then letters, digits and _)");
                 return Err(self.invalid("ops.yaml", field, m));
             }
             if !v.is_finite() {
@@ -414,7 +416,8 @@ impl Specs {
                     v.starts_with("op_").then(|| format!("'{v}' is reserved: op_* name the operators' functions"))
                 })
             };
-            if let Some(m) = crate::params::ident_problem(&op.name) {
+            // Rendered as the function op_<name>.
+            if let Some(m) = crate::params::ident_problem(&format!("op_{}", op.name)) {
                 return Err(self.invalid("ops.yaml", field("name".into()), m));
             }
             if known.contains_key(op.name.as_str()) {
