@@ -989,6 +989,29 @@ __global__ void count_diff(const unsigned* x, const unsigned* y, long long n, un
   atomicAdd(out, d);
 }
 
+// Median ms of `reps` calls of f() after two warm-ups, CUDA events around
+// each (the default stream).
+template <typename F>
+double median_ms(int reps, F f) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ts;
+  for (int r = 0; r < reps + 2; ++r) {
+    CK(cudaEventRecord(e0));
+    f();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 2) ts.push_back(ms);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
 // ---------------------------------------------------------------------------
 // Ceilings from cuBLAS at the same shape (EXP_CUBLAS=path of libcublas.so,
 // loaded at run time: the build's toolchain wheels carry no cuBLAS headers):
@@ -1030,29 +1053,14 @@ void run(long long R, int reps) {
     CK(cudaMemset(a, 0x3c, R * 3 * K * 4));  // fp16 0x3c3c ~ 1.06; fp32 ~ 0.0115
     CK(cudaMemset(b, 0x1c, (size_t)3 * K * N * 4));
     auto time = [&](const char* label, double flops, double bytes, auto call) {
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      std::vector<float> ts;
-      for (int r = 0; r < reps + 2; ++r) {
-        CK(cudaEventRecord(e0));
-        const int st = call();
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        if (st != 0) {
-          std::printf("%-34s K=N=%d: cuBLAS status %d\n", label, K, st);
-          return;
-        }
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 2) ts.push_back(ms);
+      int st = 0;
+      const double m = median_ms(reps, [&] { st = st ? st : call(); });
+      if (st != 0) {
+        std::printf("%-34s K=N=%d: cuBLAS status %d\n", label, K, st);
+        return;
       }
-      std::sort(ts.begin(), ts.end());
-      const double m = ts[ts.size() / 2];
       std::printf("%-34s K=N=%d: %.3f ms (%.0f GB/s of its operands and C, %.1f TFLOP/s)\n", label, K, m,
                   bytes / m / 1e6, flops / m / 1e9);
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
     };
     const double mn = (double)R * N;
     // row-major C (R x N) = A (R x k) @ B (k x N) is column-major C^T = B^T A^T
@@ -1084,23 +1092,8 @@ template <typename Launch>
 void measure(const char* label, Launch launch, const std::vector<float>& A, const std::vector<float>& B, float* dC,
              long long R, int K, int N, double scale, int reps) {
   CK(cudaMemset(dC, 0xff, R * N * sizeof(float)));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ts;
-  for (int r = 0; r < reps + 2; ++r) {
-    CK(cudaEventRecord(e0));
-    launch();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 2) ts.push_back(ms);
-  }
+  const double gm = median_ms(reps, launch);
   CK(cudaGetLastError());
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  std::sort(ts.begin(), ts.end());
   const int SAMPLE = 2048;  // rows checked against fp64, spread over R (the last row among them)
   std::vector<float> Cs((size_t)N);
   double e3 = 0, ef = 0, ref = 0, max3 = 0, maxf = 0, maxref = 0;
@@ -1121,7 +1114,6 @@ void measure(const char* label, Launch launch, const std::vector<float>& A, cons
       maxref = std::fmax(maxref, std::fabs(c64));
     }
   }
-  const double gm = ts[ts.size() / 2];
   const double bytes = (double)R * (K + N) * sizeof(float);
   std::printf(
       "%-22s K=N=%d |A|<=%.0e: %.3f ms (%.0f GB/s of A+C, %.1f TFLOP/s of the 3 fp16 products); rel L2 %.2e "
