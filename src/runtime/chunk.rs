@@ -114,12 +114,9 @@ pub fn plan(
     // (MAX_CHUNKS / F per focus).
     let per_focus = (MAX_CHUNKS / (f as u64).max(1)).max(1);
     let min_rows = (e as u64).div_ceil(per_focus).div_ceil(granule).saturating_mul(granule).min(e as u64);
-    if rows == 0 || rows < min_rows {
-        return Err(MixError::ScratchCap {
-            cap,
-            min_rows: min_rows.max(granule.min(e as u64)),
-            row_bytes: chunk_row_bytes,
-        });
+    // (e >= 1 here, so min_rows >= 1: a cap below one row is refused too.)
+    if rows < min_rows {
+        return Err(MixError::ScratchCap { cap, min_rows, row_bytes: chunk_row_bytes });
     }
     Ok(Chunking::Chunks { rows: rows as usize })
 }
