@@ -827,7 +827,7 @@ impl<T: Element> Stack<T> {
     /// so that a small problem walks many tiles per block.
     #[doc(hidden)]
     pub fn debug_cap_blocks(&self, cap: Option<u32>) {
-        self.kernels.block_cap.store(cap.map_or(0, u64::from), std::sync::atomic::Ordering::Relaxed);
+        self.kernels.block_cap.store(cap.map_or(0, u64::from), Ordering::Relaxed);
     }
     /// Tests: bytes of the stack's memory pool in use now (None without a pool).
     #[doc(hidden)]
