@@ -18,7 +18,8 @@
 # ws kernels' report, BENCH.md runs 83-90), EXP_FP16X3=1 the fp16x3 tensor-core
 # GEMM experiment of issue 20 (bench/exp/fp16x3_gemm.cu; EXP_NCU=1 adds
 # Nsight Compute on its v3 and v4 kernels), DIAG22=1 issue
-# 22's Python crashes with native backtraces (bench/runs/run100). Prints a
+# 22's Python crashes with native backtraces (bench/runs/run100), SAN_BG="tools"
+# sanitizers in the background beside the rest (BG_TESTS, BG_JOBS, BG_PER_TEST_S). Prints a
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
@@ -27,6 +28,16 @@ set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT/r"
 export PYTHONUNBUFFERED=1
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
+bg=""
+if [ -n "${SAN_BG:-}" ]; then
+  # sanitizer tools in the background, beside the rest of the call (the tools
+  # are bound by the host's cores, the steps after them mostly by the GPU):
+  # SAN_BG="racecheck" with BG_TESTS, BG_JOBS, BG_PER_TEST_S, BG_S
+  mkdir -p "$OUT/r/bg"
+  (OUT=$OUT/r/bg TESTS="${BG_TESTS:-}" JOBS="${BG_JOBS:-4}" PER_TEST_S="${BG_PER_TEST_S:-300}" \
+    timeout "${BG_S:-400}" bash scripts/sanitize.sh $SAN_BG > "$OUT/r/bg/out.txt" 2>&1; echo "background sanitize $SAN_BG rc=$?" >> "$OUT/r/bg/out.txt") &
+  bg=$!
+fi
 if [ "${PROBE:-0}" = 1 ]; then
   # one short relay-vs-fused bench first: a fused kernel that hangs or
   # faults stops the call here, not in every step after
@@ -137,4 +148,5 @@ if [ -n "${NCU_K:-}" ]; then
   ncu -i "$OUT/r/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/r/ncu_sass.csv" 2>&1
   grep -E "^  [a-z_]|Duration|Issue Slots|Issued Ipc|FMA|Theoretical Occ|Achieved Occ|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/r/ncu_details.txt" | head -60
 fi
+if [ -n "$bg" ]; then wait "$bg"; cat "$OUT/r/bg/out.txt"; fi
 tar -C "$OUT/r" -czf "$OUT/results.tar.gz" . && rm -rf "$OUT/r"
