@@ -7,6 +7,9 @@ use mixstack_reference::vectors::{self, Case, VectorError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod temp;
+use temp::TempDir;
+
 const VEC_TOL: f64 = 1e-10;
 
 fn load_cases() -> Vec<Case> {
@@ -192,14 +195,12 @@ fn rel_err_basics_and_nan_is_infinite() {
 // ---- loader errors -------------------------------------------------------
 
 /// A scratch copy of the vectors directory holding only case 3 (the smallest).
-struct Scratch(std::path::PathBuf);
+struct Scratch(TempDir);
 
 impl Scratch {
     fn new(tag: &str) -> Self {
         let src = vectors::default_dir();
-        let dir = std::env::temp_dir().join(format!("mixstack-vectors-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new(&format!("mixstack-vectors-{tag}"));
         let manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(src.join("manifest.json")).unwrap()).unwrap();
         let case3 = manifest.as_array().unwrap().iter().find(|c| c["case"] == 3).unwrap().clone();
@@ -209,12 +210,6 @@ impl Scratch {
         }
         std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&vec![case3]).unwrap()).unwrap();
         Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -7,6 +7,9 @@ use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE, KERNELS};
 use mixstack_gen::{embed::Manifest, expand::expand, pipeline::render_all, snapshot, spec};
 use std::path::{Path, PathBuf};
 
+mod temp;
+use temp::TempDir;
+
 const BLESS: &str = "MIXSTACK_BLESS=1 cargo build --release";
 
 fn crate_dir() -> PathBuf {
@@ -123,9 +126,10 @@ fn snapshot_holds_no_stale_ptx() {
     }
 }
 
-/// A copy of the generator's inputs (exactly `snapshot::inputs`) in a temp dir.
-fn inputs_copy() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mixstack-fp-{}-{}", std::process::id(), rand::random::<u64>()));
+/// A copy of the generator's inputs (exactly `snapshot::inputs`) in a temp
+/// dir, removed on drop.
+fn inputs_copy() -> TempDir {
+    let dir = TempDir::new("mixstack-fp");
     for f in snapshot::inputs(&crate_dir()).unwrap() {
         let to = dir.join(f.strip_prefix(crate_dir()).unwrap());
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
@@ -167,7 +171,6 @@ fn fingerprint_ignores_junk_and_sees_every_input() {
     }
     std::fs::write(dir.join(snapshot::DIR).join(snapshot::FINGERPRINT_FILE), [0xffu8, 0xfe, 0x80]).unwrap();
     assert_eq!(snapshot::committed_fingerprint(&dir), None);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -5,14 +5,16 @@ use mixstack::kinds::{canonical_name, Arch, Dtype, Geometry, Pipe, Stage};
 use mixstack_gen::{expand::expand, pipeline, render::Renderer, spec};
 use std::path::{Path, PathBuf};
 
+mod temp;
+use temp::TempDir;
+
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A copy of specs/ in a temp dir with `file` rewritten by `edit`.
-fn specs_with(file: &str, edit: impl Fn(&str) -> String) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mixstack-specs-{}-{}", std::process::id(), rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A copy of specs/ in a temp dir (removed on drop) with `file` rewritten by `edit`.
+fn specs_with(file: &str, edit: impl Fn(&str) -> String) -> TempDir {
+    let dir = TempDir::new("mixstack-specs");
     for f in ["ops.yaml", "stages.yaml", "tiles.yaml"] {
         let text = std::fs::read_to_string(crate_dir().join("specs").join(f)).unwrap();
         let text = if f == file { edit(&text) } else { text };
