@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
+import uuid
 
 LIB_NAME = "libmixstack_torch.so"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,9 +91,9 @@ def build(out_dir):
     for d in cpp_extension.include_paths():
         cmd += ["-isystem", d]
     # A name no other build uses, whatever its host or PID namespace (ranks
-    # sharing a cache over NFS).
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=LIB_NAME + ".", suffix=".tmp")
-    os.close(fd)
+    # sharing a cache over NFS); the linker creates it under the umask, as
+    # any library.
+    tmp = os.path.join(out_dir, f"{LIB_NAME}.{uuid.uuid4().hex}.tmp")
     cmd += [SOURCE, "-o", tmp]
     for d in libs:
         cmd += ["-L", d, f"-Wl,-rpath,{d}"]
@@ -102,11 +102,6 @@ def build(out_dir):
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"mixstack_torch: building {LIB_NAME} failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
-        # mkstemp made it 0600 (the linker keeps that): readable by all, as a
-        # library is, under the umask.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
         # Published only once it loads (in a child, which sees this sys.path:
         # loading registers ops).
         probe = "import ctypes, sys, torch; ctypes.CDLL(sys.argv[1])"

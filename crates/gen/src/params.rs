@@ -8,6 +8,11 @@ pub fn is_ident(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Why `name` is not an identifier (`None`: it is one).
+pub fn not_ident(name: &str) -> Option<String> {
+    (!is_ident(name)).then(|| format!("'{name}' is not an identifier (a letter or _, then letters, digits and _)"))
+}
+
 /// Names the specs may not give what the rendered code declares: C++ keywords
 /// and alternative tokens, CUDA's built-in variables, and the names in scope
 /// where spec names are rendered (ops.cuh's template parameter `T`; `Prim`,
@@ -44,8 +49,8 @@ const RUST_KEYWORDS: &[&str] = &[
 /// not an identifier, or a reserved one (see [`RESERVED`]; names with `__`
 /// or a leading `_` and capital are the compiler's).
 pub fn ident_problem(name: &str) -> Option<String> {
-    if !is_ident(name) {
-        return Some(format!("'{name}' is not an identifier (a letter or _, then letters, digits and _)"));
+    if let Some(m) = not_ident(name) {
+        return Some(m);
     }
     let compilers =
         name.contains("__") || (name.starts_with('_') && name[1..].starts_with(|c: char| c.is_ascii_uppercase()));

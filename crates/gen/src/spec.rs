@@ -387,8 +387,7 @@ impl Specs {
         for (name, &v) in consts {
             let field = format!("constants.{name}");
             // Rendered as literals, never by name: an identifier to read.
-            if !crate::params::is_ident(name) {
-                let m = format!("'{name}' is not an identifier (a letter or _, then letters, digits and _)");
+            if let Some(m) = crate::params::not_ident(name) {
                 return Err(self.invalid("ops.yaml", field, m));
             }
             if !v.is_finite() {
