@@ -90,11 +90,15 @@ typedef enum mixstack_status {
 #define MIXSTACK_DTYPE_F64 1
 
 /* Backward path codes: AUTO reads MIXSTACK_STACK_BWD_FUSED at each call
- * (1/true/on/yes: fused; unset/0/false/off/no: relay). The fused path runs only
- * for f32 with Cf < 96; otherwise the relay runs (see mixstack_last_path). */
+ * (1/true/on/yes: FUSED; always: FUSED_ALWAYS; unset/0/false/off/no: relay).
+ * FUSED runs the fused backward where it was measured faster than the relay on
+ * this GPU (stages.yaml regime.fused_faster), FUSED_ALWAYS wherever its kernels
+ * serve the shape (f32, Cf < 96); otherwise the relay runs (see
+ * mixstack_last_path, which reports RELAY or FUSED). */
 #define MIXSTACK_PATH_AUTO 0
 #define MIXSTACK_PATH_RELAY 1
 #define MIXSTACK_PATH_FUSED 2
+#define MIXSTACK_PATH_FUSED_ALWAYS 3
 
 /* Precision codes: the arithmetic of the block GEMMs (docs/PRECISION.md). AUTO reads
  * MIXSTACK_PRECISION at each call (exact or fp16x3; unset or empty: exact). FP16X3 runs

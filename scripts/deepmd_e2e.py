@@ -142,7 +142,7 @@ def main():
     ap.add_argument("--atoms", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--variants", default="upstream,relay,fused")
+    ap.add_argument("--variants", default="upstream,relay,fused_always")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 

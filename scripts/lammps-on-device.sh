@@ -51,7 +51,7 @@ for step in $steps; do
         for variant in ${LMP_VARIANTS:-upstream relay fused}; do
           model=model_mixstack.pt2; fused=0
           [ "$variant" = upstream ] && model=model_upstream.pt2
-          [ "$variant" = fused ] && fused=1
+          [ "$variant" = fused ] && fused=always  # the fused kernels, measured or not
           log="$OUT/lmp_${variant}_np${ranks}.log"
           launch=(lmp); [ "$ranks" -gt 1 ] && launch=(mpirun -np "$ranks" lmp)
           cp "$EX/in.lammps" .

@@ -281,7 +281,7 @@ fn forward_negative_edges() {
 
 #[test]
 fn backward_bad_path_code() {
-    for path in [-1, 3, 42] {
+    for path in [-1, 4, 42] {
         let rc = unsafe {
             mixstack_backward(
                 null_mut(),
@@ -303,7 +303,7 @@ fn backward_bad_path_code() {
 
 #[test]
 fn backward_null_handle_and_negative_edges() {
-    for path in [MIXSTACK_PATH_AUTO, MIXSTACK_PATH_RELAY, MIXSTACK_PATH_FUSED] {
+    for path in [MIXSTACK_PATH_AUTO, MIXSTACK_PATH_RELAY, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_FUSED_ALWAYS] {
         let rc = unsafe {
             mixstack_backward(
                 null_mut(),
@@ -467,6 +467,7 @@ fn header_status_codes_and_constants_match() {
         ("MIXSTACK_PATH_AUTO", MIXSTACK_PATH_AUTO),
         ("MIXSTACK_PATH_RELAY", MIXSTACK_PATH_RELAY),
         ("MIXSTACK_PATH_FUSED", MIXSTACK_PATH_FUSED),
+        ("MIXSTACK_PATH_FUSED_ALWAYS", MIXSTACK_PATH_FUSED_ALWAYS),
     ] {
         assert!(code.contains(&format!("#define {name} {v}")), "include/mixstack.h lacks `#define {name} {v}`");
     }
@@ -499,7 +500,7 @@ fn assert_every_entry_point_refuses(h: *mut mixstack_stack) {
             mixstack_forward(h, e, fake(256), fake(512), 1, fake(1024) as *mut _, fake(2048) as *mut _, null_mut())
         };
         check(rc, "mixstack_forward");
-        for path in [MIXSTACK_PATH_AUTO, MIXSTACK_PATH_RELAY, MIXSTACK_PATH_FUSED] {
+        for path in [MIXSTACK_PATH_AUTO, MIXSTACK_PATH_RELAY, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_FUSED_ALWAYS] {
             let rc = unsafe {
                 mixstack_backward(
                     h,

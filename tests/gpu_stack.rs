@@ -393,7 +393,7 @@ fn random_shapes_match_reference() {
         let st32 = make_stack::<f32>(&g, &p);
         let relay = run(&g, &st32, &p, &BackwardOptions::relay()).unwrap();
         check_close(&format!("f32 relay {}", p.describe()), &relay, &want);
-        let fused = run(&g, &st32, &p, &BackwardOptions::fused()).unwrap();
+        let fused = run(&g, &st32, &p, &BackwardOptions::fused_always()).unwrap();
         check_close(&format!("f32 fused-requested {}", p.describe()), &fused, &want);
         // Fused below the Cf limit, where this GPU's arch has fused kernels.
         let has_fused = !st32.dispatch().candidates(Stage::BwdFused, Dtype::F32, p.shape.cf as u32).is_empty();
@@ -428,11 +428,11 @@ fn streaming_blocks_walk_many_tiles() {
     check_close(&format!("f64 relay {}", p.describe()), &run(&g, &st64, &p, &BackwardOptions::relay()).unwrap(), &want);
     let st32 = make_stack::<f32>(&g, &p);
     st32.debug_cap_blocks(cap);
-    let (_, kernels) = st32.backward_plan(&BackwardOptions::fused()).unwrap();
+    let (_, kernels) = st32.backward_plan(&BackwardOptions::fused_always()).unwrap();
     assert!(kernels.iter().any(|k| k.name.ends_with("_ps")), "no streaming kernel in {kernels:?}");
     let relay = run(&g, &st32, &p, &BackwardOptions::relay()).unwrap();
     check_close(&format!("f32 relay {}", p.describe()), &relay, &want);
-    let fused = run(&g, &st32, &p, &BackwardOptions::fused()).unwrap();
+    let fused = run(&g, &st32, &p, &BackwardOptions::fused_always()).unwrap();
     assert_eq!(fused.decision.path, Path::Fused);
     assert_eq!(bits(&fused.grad_u0), bits(&relay.grad_u0), "fused != relay bitwise: {}", p.describe());
     assert_eq!(bits(&fused.grad_alpha), bits(&relay.grad_alpha), "fused != relay bitwise: {}", p.describe());
@@ -463,7 +463,7 @@ fn reference_vectors() {
         let got = run(&g, &st64, &p, &BackwardOptions::relay()).unwrap();
         check_close(&format!("vectors case {} f64 {}", c.index, p.describe()), &got, &want);
         let st32 = make_stack::<f32>(&g, &p);
-        for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+        for opts in [BackwardOptions::relay(), BackwardOptions::fused_always()] {
             let got = run(&g, &st32, &p, &opts).unwrap();
             check_close(&format!("vectors case {} f32 {}", c.index, p.describe()), &got, &want);
         }
@@ -499,7 +499,7 @@ fn fused_bitwise_equals_relay_every_tile() {
             // Every fused tile.
             for k in &fused_tiles {
                 let tiles = TileOverride::new().with(Stage::BwdFused, k.name);
-                let fused = run(&g, &st, &p, &BackwardOptions::fused().with_tiles(tiles)).unwrap();
+                let fused = run(&g, &st, &p, &BackwardOptions::fused_always().with_tiles(tiles)).unwrap();
                 assert_eq!(fused.decision.path, Path::Fused, "{}", fused.decision);
                 assert_eq!(st.last_path(), Some(fused.decision));
                 let what = format!("{} with {}", p.describe(), k.name);
@@ -574,7 +574,7 @@ fn every_fused_tile_matches(g: &Gpu, st: &Stack<f32>, p: &Problem, precision: Pr
     let tiles = st.dispatch().with_precision(precision).candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
     assert!(!tiles.is_empty(), "no usable {precision} fused kernels at Cf {cf} lmax {lmax}");
     for k in tiles {
-        let opts = BackwardOptions::fused()
+        let opts = BackwardOptions::fused_always()
             .with_precision(precision)
             .with_tiles(TileOverride::new().with(Stage::BwdFused, k.name));
         st.set_profiling(true);
@@ -771,21 +771,34 @@ fn switch_drives_dispatch() {
     assert_eq!((r.decision.path, r.decision.reason), (Path::Relay, Reason::NotRequested));
     check_close("unset", &r, &want);
 
-    for (v, path) in [("0", Path::Relay), ("off", Path::Relay), ("1", Path::Fused), (" Yes ", Path::Fused)] {
+    // "on" takes the fused backward where this GPU's measured regime lists
+    // the shape (stages.yaml regime.fused_faster), "always" wherever it serves.
+    let on = if st.dispatch().fused_faster(32, 3) {
+        (Path::Fused, Reason::Requested)
+    } else {
+        (Path::Relay, Reason::NotFaster { cf: 32, lmax: 3 })
+    };
+    let always = (Path::Fused, Reason::Requested);
+    let off = (Path::Relay, Reason::NotRequested);
+    for (v, want_decision) in
+        [("0", off), ("off", off), ("1", on), (" Yes ", on), ("always", always), (" ALWAYS", always)]
+    {
         std::env::set_var(FUSED_ENV, v);
         let r = run(&g, &st, &p, &from_env).unwrap();
-        assert_eq!(r.decision.path, path, "{FUSED_ENV}={v:?}: {}", r.decision);
+        assert_eq!((r.decision.path, r.decision.reason), want_decision, "{FUSED_ENV}={v:?}: {}", r.decision);
         assert_eq!(st.last_path(), Some(r.decision));
         check_close(&format!("{FUSED_ENV}={v:?}"), &r, &want);
     }
 
     // Explicit modes override the environment.
-    std::env::set_var(FUSED_ENV, "1");
+    std::env::set_var(FUSED_ENV, "always");
     let r = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
-    assert_eq!((r.decision.path, r.decision.reason), (Path::Relay, Reason::NotRequested));
+    assert_eq!((r.decision.path, r.decision.reason), off);
     std::env::set_var(FUSED_ENV, "0");
     let r = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
-    assert_eq!((r.decision.path, r.decision.reason), (Path::Fused, Reason::Requested));
+    assert_eq!((r.decision.path, r.decision.reason), on);
+    let r = run(&g, &st, &p, &BackwardOptions::fused_always()).unwrap();
+    assert_eq!((r.decision.path, r.decision.reason), always);
 
     // Garbage is a typed error, not "off".
     std::env::set_var(FUSED_ENV, "maybe");
@@ -821,6 +834,35 @@ fn fallbacks_with_switch_on() {
     let r = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
     assert_eq!((r.decision.path, r.decision.reason), (Path::Relay, Reason::Dtype(Dtype::F64)));
     check_close(&format!("f64 fallback {}", p.describe()), &r, &want);
+}
+
+/// The switch's "on" outside this GPU's measured regime (a Cf 64 shape the
+/// fused kernels serve but `regime.fused_faster` does not list) takes the
+/// relay and says why; "always" then runs the fused kernels on the same
+/// inputs, bit for bit equal.
+#[test]
+fn switch_on_outside_the_measured_regime_takes_the_relay() {
+    let name = "switch_on_outside_the_measured_regime_takes_the_relay";
+    let Some(g) = fused_gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let p = Problem::random(&mut rng, race_sized(Shape { f: 2, e: 301, cf: 64, lmax: 2, n_layers: 3 }), true);
+    let st = make_stack::<f32>(&g, &p);
+    if st.dispatch().fused_faster(64, 2) {
+        println!("SKIPPED {name}: this GPU's measured regime lists Cf 64 lmax 2 (stages.yaml regime.fused_faster)");
+        return;
+    }
+    let want = p.reference();
+    let (plan_decision, plan) = st.backward_plan(&BackwardOptions::fused()).unwrap();
+    assert_eq!((plan_decision.path, plan_decision.reason), (Path::Relay, Reason::NotFaster { cf: 64, lmax: 2 }));
+    assert!(plan.iter().all(|k| k.stage != Stage::BwdFused));
+    let on = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+    assert_eq!((on.decision.path, on.decision.reason), (Path::Relay, Reason::NotFaster { cf: 64, lmax: 2 }));
+    assert_eq!(st.last_path(), Some(on.decision));
+    check_close(&format!("switch on, outside the regime {}", p.describe()), &on, &want);
+    let always = run(&g, &st, &p, &BackwardOptions::fused_always()).unwrap();
+    assert_eq!((always.decision.path, always.decision.reason), (Path::Fused, Reason::Requested));
+    assert_same_bits(&format!("always vs on (relay) {}", p.describe()), &always, &on);
+    println!("ok {name}: on -> {}; always -> {}", on.decision, always.decision);
 }
 
 // ----------------------------------------------------------------------
@@ -910,7 +952,7 @@ fn fp16x3_matches_reference() {
             };
             assert_eq!(e.geometry.precision(), want_p, "{what}: {} ran", k.kernel);
         }
-        let fused = BackwardOptions::fused().with_precision(Precision::Fp16x3);
+        let fused = BackwardOptions::fused_always().with_precision(Precision::Fp16x3);
         let f = run_with(&g, &st, &p, &x3_fwd(), &fused).unwrap();
         assert_eq!(f.decision.precision, Precision::Fp16x3, "{what}");
         if (p.shape.cf as u32) < FUSED_CF_LIMIT {
@@ -1022,7 +1064,7 @@ fn empty_edges_launch_nothing() {
     let alpha = upload::<f32>(s, &[]);
     let (out, z_all) = st.forward(s, &u0, &alpha, true).unwrap();
     assert_eq!((out.len(), z_all.len()), (0, 0));
-    for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+    for opts in [BackwardOptions::relay(), BackwardOptions::fused_always()] {
         let (gu, ga, d) = st.backward(s, &out, &out, &z_all, &alpha, true, &opts).unwrap();
         assert_eq!((gu.len(), ga.len()), (0, 0));
         assert_eq!(st.last_path(), Some(d));
@@ -1093,7 +1135,8 @@ fn bad_inputs_are_typed_errors() {
         st.backward(s, &odd, &out, &z_all, &alpha, true, &relay),
         Err(MixError::BufferNotMultiple { tensor: "grad_out", .. })
     ));
-    let bad_tile = BackwardOptions::fused().with_tiles(TileOverride::new().with(Stage::BwdFused, "ms_no_such_kernel"));
+    let bad_tile =
+        BackwardOptions::fused_always().with_tiles(TileOverride::new().with(Stage::BwdFused, "ms_no_such_kernel"));
     assert!(matches!(st.backward(s, &go, &out, &z_all, &alpha, true, &bad_tile), Err(MixError::BadOverride { .. })));
     let wrong_stage = Dispatch::builtin().default_for(Stage::BwdGemm, Dtype::F32, 32, 2).unwrap().name;
     let bad_tile = BackwardOptions::relay().with_tiles(TileOverride::new().with(Stage::BwdFused, wrong_stage));
@@ -1136,7 +1179,7 @@ fn memory_accounting() {
     // relay backward: grad_u0 + grad_alpha + g + sig + gz
     let relay_peak = st.last_backward_peak_bytes().unwrap();
     assert_eq!(relay_peak, surf + alpha + surf + sig + surf);
-    let _ = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+    let _ = run(&g, &st, &p, &BackwardOptions::fused_always()).unwrap();
     // fused backward: grad_u0 + grad_alpha + g, never sig or gz
     let fused = st.last_backward_memory().unwrap();
     assert_eq!(fused.peak_bytes, surf + alpha + surf);
@@ -1158,7 +1201,7 @@ fn cached_scratch_reuse_is_exact() {
     let a = Problem::random(&mut rng, shape, true);
     let mut b = Problem::random(&mut rng, shape, true);
     (b.w0, b.w1, b.gw) = (a.w0.clone(), a.w1.clone(), a.gw.clone());
-    for (opts, path) in [(BackwardOptions::relay(), Path::Relay), (BackwardOptions::fused(), Path::Fused)] {
+    for (opts, path) in [(BackwardOptions::relay(), Path::Relay), (BackwardOptions::fused_always(), Path::Fused)] {
         let fresh = make_stack::<f32>(&g, &b);
         fresh.debug_poison_allocations(false);
         let want = run(&g, &fresh, &b, &opts).unwrap();
@@ -1186,7 +1229,7 @@ fn raw_api_matches_slice_api() {
     let p = Problem::random(&mut rng, race_sized(Shape { f: 3, e: 77, cf: 64, lmax: 2, n_layers: 4 }), true);
     let s = &g.stream;
     let st = make_stack::<f32>(&g, &p);
-    for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+    for opts in [BackwardOptions::relay(), BackwardOptions::fused_always()] {
         let want = run(&g, &st, &p, &opts).unwrap();
         let u0 = upload::<f32>(s, &p.u0);
         let alpha = upload::<f32>(s, &p.alpha);
@@ -1261,7 +1304,7 @@ fn borrowed_weights_equal_owned_bitwise() {
         // the slice API needs weights the stack holds
         let r = borrowing.forward(s, &u0, &alpha, true);
         assert!(matches!(r, Err(MixError::NoWeights)), "{:?}", r.err());
-        for opts in [BackwardOptions::relay(), BackwardOptions::fused()] {
+        for opts in [BackwardOptions::relay(), BackwardOptions::fused_always()] {
             let want = run(&g, &owned, &p, &opts).unwrap();
             let nan = |n: usize| s.clone_htod(&vec![f32::NAN; n]).unwrap();
             let (mut out, mut z_all) = (nan(want.out.len()), nan(want.z_all.len().max(1)));
@@ -1315,7 +1358,7 @@ fn profiling_records_each_launch() {
     assert_eq!(stages[0], Stage::FwdM0);
     assert_eq!(stages[8], Stage::BwdGradAlpha);
     assert!(t.iter().all(|k| k.ms >= 0.0));
-    let _ = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
+    let _ = run(&g, &st, &p, &BackwardOptions::fused_always()).unwrap();
     let t = st.timings().unwrap();
     let fused: Vec<_> = t.iter().filter(|k| k.stage == Stage::BwdFused).collect();
     assert_eq!(fused.len(), 2, "one fused launch per gated layer");
@@ -1423,7 +1466,7 @@ fn chunked_calls_equal_the_whole_call_bitwise() {
         let p = Problem::random(&mut rng, shape, alpha);
         let divs = if race { vec![2, 7] } else { vec![2, 3, 7, (p.shape.f * p.shape.e) as u64 / 5] };
         case::<f32>(&g, &p, &BackwardOptions::relay(), &divs);
-        case::<f32>(&g, &p, &BackwardOptions::fused(), &divs);
+        case::<f32>(&g, &p, &BackwardOptions::fused_always(), &divs);
         case::<f64>(&g, &p, &BackwardOptions::relay(), &divs);
     }
     // Cf >= 96: the gate GEMMs on cuBLAS in pieces of GATE_GEMM_ROWS edges,
@@ -1481,9 +1524,9 @@ fn failed_calls_free_what_they_took() {
     let s = &g.stream;
     for (opts, chunked) in [
         (BackwardOptions::relay(), false),
-        (BackwardOptions::fused(), false),
+        (BackwardOptions::fused_always(), false),
         (BackwardOptions::relay(), true),
-        (BackwardOptions::fused(), true),
+        (BackwardOptions::fused_always(), true),
     ] {
         let st = make_stack::<f32>(&g, &p);
         st.set_scratch_cap(ScratchCap::Bytes(if chunked { 100_000 } else { u64::MAX }));
@@ -1622,7 +1665,7 @@ fn offsets_past_2_pow_32() {
         })
         .collect();
     drop(gu_r);
-    let (gu_f, ga_f, d_f) = st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::fused()).unwrap();
+    let (gu_f, ga_f, d_f) = st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::fused_always()).unwrap();
     assert_eq!(d_f.path, Path::Fused);
     println!("{name}: chunking relay {chunk_r:?}, fused {:?}; cap {} B", st.last_chunking(), st.scratch_cap().unwrap());
     assert!(matches!(chunk_r.1, Some(Chunking::Chunks { .. })), "the relay backward should chunk here");

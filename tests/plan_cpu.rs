@@ -13,6 +13,7 @@ use mixstack::runtime::gate_blas::GATE_GEMM_ROWS;
 use mixstack::runtime::plan::{Addr, Buf, Machine, Plan, Planner, Step};
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
+use mixstack::runtime::switch::Request;
 use mixstack::runtime::table::{self, Dtype, Stage};
 
 /// The H100 / H200 opt-in shared memory per block.
@@ -146,10 +147,13 @@ fn every_served_key_plans_forward_and_backward() {
                     .collect();
                 assert_eq!(outs, vec![Addr::at(Buf::Out); 2], "forward {what}");
 
-                for fused in [false, true] {
+                for fused in [Request::Off, Request::On, Request::Always] {
                     let choice = p.backward_choice(fused, &TileOverride::new(), cublas).unwrap();
                     let what = format!("{what} fused requested {fused}");
-                    let served = fused && dtype == Dtype::F32 && sh.cf < 96 && choice.decision.path == Path::Fused;
+                    let served = fused != Request::Off
+                        && dtype == Dtype::F32
+                        && sh.cf < 96
+                        && choice.decision.path == Path::Fused;
                     assert_eq!(choice.decision.path == Path::Fused, served, "{what}: {:?}", choice.decision);
                     let bwd = p.backward(E, true, &choice, &machine).unwrap();
                     check_plan(&format!("backward {what}"), &bwd, dtype, &sh, NO_CAP);
@@ -189,7 +193,7 @@ fn no_alpha_zeroes_grad_alpha_instead_of_launching() {
     let sh = StackShape::new(2, 32, 3, 3);
     let p = Planner { shape: sh, dtype: Dtype::F32, dispatch: d };
     let machine = Machine { cublas: false, scratch_cap: NO_CAP };
-    let choice = p.backward_choice(false, &TileOverride::new(), false).unwrap();
+    let choice = p.backward_choice(Request::Off, &TileOverride::new(), false).unwrap();
     let bwd = p.backward(E, false, &choice, &machine).unwrap();
     assert_eq!(bwd.steps.iter().filter(|s| matches!(s, Step::Zero { .. })).count(), 1);
     assert!(!stages(&bwd).contains(&Stage::BwdGradAlpha));
@@ -240,7 +244,8 @@ fn chunked_plans_cover_every_row_once_within_the_cap() {
             let what = format!("{dtype} Cf {cf} layers {n_layers} fused {fused} cap {cap}");
             let fwd = p.forward(e, true, &TileOverride::new(), &machine).unwrap();
             check_plan(&format!("forward {what}"), &fwd, dtype, &sh, cap);
-            let choice = p.backward_choice(fused, &TileOverride::new(), machine.cublas).unwrap();
+            let request = if fused { Request::Always } else { Request::Off };
+            let choice = p.backward_choice(request, &TileOverride::new(), machine.cublas).unwrap();
             let bwd = p.backward(e, true, &choice, &machine).unwrap();
             check_plan(&format!("backward {what}"), &bwd, dtype, &sh, cap);
             let total = (sh.f * e) as u64;
@@ -359,7 +364,7 @@ fn chunked_cublas_gate_gemms_are_the_whole_calls() {
         v
     };
     let whole_machine = Machine { cublas: true, scratch_cap: NO_CAP };
-    let choice = p.backward_choice(false, &TileOverride::new(), true).unwrap();
+    let choice = p.backward_choice(Request::Off, &TileOverride::new(), true).unwrap();
     assert!(choice.gate_blas);
     let fwd_whole = p.forward(e, true, &TileOverride::new(), &whole_machine).unwrap();
     let bwd_whole = p.backward(e, true, &choice, &whole_machine).unwrap();

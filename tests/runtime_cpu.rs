@@ -1,6 +1,7 @@
 //! Runtime tests that need no GPU: the fused switch, dispatch over
 //! hand-built tables, launch geometry, shape arithmetic.
 
+use mixstack::kinds::fused_faster;
 use mixstack::runtime::dispatch::{
     decide_backward_path, dispatch_report, forward_stages, needs_cublas, relay_stages, select_kernel, Dispatch, Path,
     Reason, TileOverride, FUSED_CF_LIMIT,
@@ -10,8 +11,8 @@ use mixstack::runtime::launch::launch_config;
 use mixstack::runtime::precision::{parse_precision, PrecisionMode, PRECISION_ENV};
 use mixstack::runtime::shape::{StackShape, MAX_EDGES, MAX_LAYERS};
 use mixstack::runtime::stack::validate_shape;
-use mixstack::runtime::switch::{parse_switch, FusedMode, FUSED_ENV};
-use mixstack::runtime::table::{self, Arch, Dtype, Geometry, KernelEntry, Precision, Stage, Variant};
+use mixstack::runtime::switch::{parse_switch, FusedMode, Request, FUSED_ENV};
+use mixstack::runtime::table::{self, Arch, Dtype, FusedFaster, Geometry, KernelEntry, Precision, Stage, Variant};
 
 // ----------------------------------------------------------------------
 // hand-built tables
@@ -139,28 +140,31 @@ fn leak_table(t: Vec<KernelEntry>) -> &'static [KernelEntry] {
 // ----------------------------------------------------------------------
 
 #[test]
-fn switch_true_spellings() {
+fn switch_on_spellings() {
     for v in ["1", "true", "on", "yes", "TRUE", "On", "YeS", " 1 ", "\ttrue\n", "  ON"] {
-        assert!(parse_switch(Some(v)).unwrap(), "{v:?} should be true");
+        assert_eq!(parse_switch(Some(v)).unwrap(), Request::On, "{v:?} should be on");
+    }
+    for v in ["always", "ALWAYS", " Always\n"] {
+        assert_eq!(parse_switch(Some(v)).unwrap(), Request::Always, "{v:?} should be always");
     }
 }
 
 #[test]
-fn switch_false_spellings() {
-    assert!(!parse_switch(None).unwrap(), "unset is false");
+fn switch_off_spellings() {
+    assert_eq!(parse_switch(None).unwrap(), Request::Off, "unset is off");
     for v in ["0", "false", "off", "no", "", "   ", "FALSE", "Off", "NO", " 0\n"] {
-        assert!(!parse_switch(Some(v)).unwrap(), "{v:?} should be false");
+        assert_eq!(parse_switch(Some(v)).unwrap(), Request::Off, "{v:?} should be off");
     }
 }
 
 #[test]
 fn switch_garbage_is_typed_error() {
-    for v in ["2", "yess", "enable", "tru", "1.0", "o n", "-1", "fused", "y", "n", "t", "f"] {
+    for v in ["2", "yess", "enable", "tru", "1.0", "o n", "-1", "fused", "y", "n", "t", "f", "alway", "force"] {
         match parse_switch(Some(v)) {
             Err(MixError::InvalidSwitch { variable, value, allowed }) => {
                 assert_eq!(variable, FUSED_ENV);
                 assert_eq!(value, v);
-                assert!(allowed.contains("yes") && allowed.contains("off"), "{allowed}");
+                assert!(allowed.contains("yes") && allowed.contains("off") && allowed.contains("always"), "{allowed}");
             }
             other => panic!("{v:?}: expected InvalidSwitch, got {other:?}"),
         }
@@ -169,9 +173,10 @@ fn switch_garbage_is_typed_error() {
 
 #[test]
 fn explicit_modes_ignore_env() {
-    // On/Off never read the environment, so this is safe alongside other tests.
-    assert!(FusedMode::On.requested().unwrap());
-    assert!(!FusedMode::Off.requested().unwrap());
+    // These modes never read the environment, so this is safe alongside other tests.
+    assert_eq!(FusedMode::On.requested().unwrap(), Request::On);
+    assert_eq!(FusedMode::Always.requested().unwrap(), Request::Always);
+    assert_eq!(FusedMode::Off.requested().unwrap(), Request::Off);
     assert_eq!(FusedMode::default(), FusedMode::FromEnv);
 }
 
@@ -179,16 +184,18 @@ fn explicit_modes_ignore_env() {
 fn from_env_reads_at_each_call() {
     // The only test of this binary that touches the variable.
     std::env::set_var(FUSED_ENV, "on");
-    assert!(FusedMode::FromEnv.requested().unwrap());
+    assert_eq!(FusedMode::FromEnv.requested().unwrap(), Request::On);
+    std::env::set_var(FUSED_ENV, "always");
+    assert_eq!(FusedMode::FromEnv.requested().unwrap(), Request::Always);
     std::env::set_var(FUSED_ENV, "0");
-    assert!(!FusedMode::FromEnv.requested().unwrap());
+    assert_eq!(FusedMode::FromEnv.requested().unwrap(), Request::Off);
     std::env::set_var(FUSED_ENV, "bogus");
     assert!(matches!(FusedMode::FromEnv.requested(), Err(MixError::InvalidSwitch { .. })));
     std::env::remove_var(FUSED_ENV);
-    assert!(!FusedMode::FromEnv.requested().unwrap());
+    assert_eq!(FusedMode::FromEnv.requested().unwrap(), Request::Off);
     // Explicit modes override whatever the environment holds.
     std::env::set_var(FUSED_ENV, "1");
-    assert!(!FusedMode::Off.requested().unwrap());
+    assert_eq!(FusedMode::Off.requested().unwrap(), Request::Off);
     std::env::remove_var(FUSED_ENV);
 }
 
@@ -196,11 +203,68 @@ fn from_env_reads_at_each_call() {
 // fused / relay decision
 // ----------------------------------------------------------------------
 
+/// The measured regime's lookup: a GPU with entries of its own is judged by
+/// those only (matched by a part of its name, without case), any other GPU
+/// (or none) by the generic entries; the lmax range is inclusive.
+#[test]
+fn fused_faster_lookup() {
+    let h100 = Some("NVIDIA H100 80GB HBM3");
+    let h200 = Some("NVIDIA H200");
+    let x = |cf, lmax, gpu| FusedFaster { cf, lmax, gpu };
+    let list = [x(32, (1, 3), Some("h100")), x(32, (1, 6), None), x(64, (2, 2), None)];
+    assert!(fused_faster(&list, 32, 1, h100) && fused_faster(&list, 32, 3, h100));
+    assert!(!fused_faster(&list, 32, 4, h100), "the H100's own entries only");
+    assert!(!fused_faster(&list, 64, 2, h100), "the H100's own entries only");
+    assert!(fused_faster(&list, 32, 6, h200) && fused_faster(&list, 64, 2, h200), "generic for the H200");
+    assert!(!fused_faster(&list, 64, 1, h200) && !fused_faster(&list, 64, 3, h200));
+    assert!(fused_faster(&list, 32, 5, None), "no GPU: the generic entries");
+    assert!(!fused_faster(&[], 32, 3, h100), "an empty regime serves nothing");
+    assert!(!fused_faster(&list[..1], 32, 3, h200), "no generic entries: nothing on other GPUs");
+}
+
+/// "On" takes the fused backward inside the regime generated from
+/// stages.yaml for the dispatch's GPU, the relay elsewhere (reason
+/// NotFaster, checked after every kernel condition); "always" wherever the
+/// kernels serve; "off" never.
+#[test]
+fn decision_on_follows_the_measured_regime() {
+    let t = full_table();
+    for gpu in [Some("NVIDIA H100 80GB HBM3"), Some("NVIDIA H200"), Some("NVIDIA B200"), None] {
+        let d = Dispatch::new(&t).with_gpu(gpu);
+        for cf in [32u32, 64] {
+            for lmax in 1..=6u32 {
+                let listed = fused_faster(&table::FUSED_FASTER, cf, lmax, gpu);
+                assert_eq!(d.fused_faster(cf, lmax), listed);
+                let on = d.decide_backward_path_at(Dtype::F32, cf, lmax, Request::On);
+                let always = d.decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always);
+                let off = d.decide_backward_path_at(Dtype::F32, cf, lmax, Request::Off);
+                let what = format!("{gpu:?} cf {cf} lmax {lmax}");
+                assert_eq!((always.path, always.reason), (Path::Fused, Reason::Requested), "{what}");
+                assert_eq!((off.path, off.reason), (Path::Relay, Reason::NotRequested), "{what}");
+                if listed {
+                    assert_eq!((on.path, on.reason), (Path::Fused, Reason::Requested), "{what}");
+                } else {
+                    assert_eq!((on.path, on.reason), (Path::Relay, Reason::NotFaster { cf, lmax }), "{what}");
+                    assert!(on.reason.to_string().contains("always"), "{}", on.reason);
+                }
+            }
+        }
+        // Kernel conditions come first: Cf 96 and f64 say why the kernels cannot serve.
+        let on = d.decide_backward_path_at(Dtype::F32, 96, 3, Request::On);
+        assert_eq!(on.reason, Reason::CfTooLarge { cf: 96, limit: FUSED_CF_LIMIT });
+        assert_eq!(d.decide_backward_path_at(Dtype::F64, 32, 3, Request::On).reason, Reason::Dtype(Dtype::F64));
+    }
+    // The shipped regime: Cf 32 lmax 1-3 on H100s, nothing generic (BENCH.md run 95).
+    let h100 = Dispatch::new(&t).with_gpu(Some("NVIDIA H100 80GB HBM3"));
+    assert!(h100.fused_faster(32, 3) && !h100.fused_faster(32, 4) && !h100.fused_faster(64, 2));
+    assert!(!Dispatch::new(&t).with_gpu(Some("NVIDIA H200")).fused_faster(32, 3));
+}
+
 #[test]
 fn decision_fused_when_requested_f32_cf32() {
     let t = full_table();
     for cf in [32, 64] {
-        let d = decide_backward_path(&t, Dtype::F32, cf, true);
+        let d = decide_backward_path(&t, Dtype::F32, cf, Request::Always);
         assert_eq!(d.path, Path::Fused, "cf {cf}: {d}");
         assert_eq!(d.reason, Reason::Requested);
     }
@@ -209,7 +273,7 @@ fn decision_fused_when_requested_f32_cf32() {
 #[test]
 fn decision_not_requested() {
     let t = full_table();
-    let d = decide_backward_path(&t, Dtype::F32, 32, false);
+    let d = decide_backward_path(&t, Dtype::F32, 32, Request::Off);
     assert_eq!(d.path, Path::Relay);
     assert_eq!(d.reason, Reason::NotRequested);
 }
@@ -222,7 +286,7 @@ fn decision_cf_96_128_relay() {
         t.push(entry(Stage::BwdFused, Dtype::F32, cf, stream(64, 32, 32, 4, 4), true, true));
     }
     for cf in [96, 128] {
-        let d = decide_backward_path(&t, Dtype::F32, cf, true);
+        let d = decide_backward_path(&t, Dtype::F32, cf, Request::Always);
         assert_eq!(d.path, Path::Relay);
         assert_eq!(d.reason, Reason::CfTooLarge { cf, limit: FUSED_CF_LIMIT });
         assert!(d.to_string().contains("96"), "{d}");
@@ -232,7 +296,7 @@ fn decision_cf_96_128_relay() {
 #[test]
 fn decision_f64_relay() {
     let t = full_table();
-    let d = decide_backward_path(&t, Dtype::F64, 32, true);
+    let d = decide_backward_path(&t, Dtype::F64, 32, Request::Always);
     assert_eq!(d.path, Path::Relay);
     assert_eq!(d.reason, Reason::Dtype(Dtype::F64));
 }
@@ -241,16 +305,16 @@ fn decision_f64_relay() {
 fn decision_reason_order() {
     // Not requested wins over dtype and cf.
     let t = full_table();
-    assert_eq!(decide_backward_path(&t, Dtype::F64, 128, false).reason, Reason::NotRequested);
+    assert_eq!(decide_backward_path(&t, Dtype::F64, 128, Request::Off).reason, Reason::NotRequested);
     // Dtype wins over cf.
-    assert_eq!(decide_backward_path(&t, Dtype::F64, 128, true).reason, Reason::Dtype(Dtype::F64));
+    assert_eq!(decide_backward_path(&t, Dtype::F64, 128, Request::Always).reason, Reason::Dtype(Dtype::F64));
 }
 
 #[test]
 fn decision_spilling_only_fused_is_relay() {
     let mut t = relay_entries(Dtype::F32, 32);
     t.push(entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 32, 32, 4, 4), false, true));
-    let d = decide_backward_path(&t, Dtype::F32, 32, true);
+    let d = decide_backward_path(&t, Dtype::F32, 32, Request::Always);
     assert_eq!(d.path, Path::Relay);
     assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
 }
@@ -265,7 +329,7 @@ fn decision_needs_a_streaming_tile_whose_block_k_divides_cf() {
     ] {
         let mut t = relay_entries(Dtype::F32, 32);
         t.push(entry(Stage::BwdFused, Dtype::F32, 32, g, true, true));
-        let d = decide_backward_path(&t, Dtype::F32, 32, true);
+        let d = decide_backward_path(&t, Dtype::F32, 32, Request::Always);
         assert_eq!(d.path == Path::Fused, fused, "{g:?}: {d}");
         if !fused {
             assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
@@ -275,7 +339,7 @@ fn decision_needs_a_streaming_tile_whose_block_k_divides_cf() {
 
 #[test]
 fn decision_empty_table() {
-    let d = decide_backward_path(&[], Dtype::F32, 32, true);
+    let d = decide_backward_path(&[], Dtype::F32, 32, Request::Always);
     assert_eq!(d.path, Path::Relay);
     assert_eq!(d.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
 }
@@ -513,11 +577,11 @@ fn smem_limit_filters_per_lmax() {
     assert_eq!(d.select(Stage::BwdFused, Dtype::F32, 32, 1, &none).unwrap().name, small_name);
     // Nothing fits at all: the fused decision at that lmax is relay.
     let d = d.with_smem_limit(Some(1000));
-    let dec = d.decide_backward_path_at(Dtype::F32, 32, 2, true);
+    let dec = d.decide_backward_path_at(Dtype::F32, 32, 2, Request::Always);
     assert_eq!(dec.path, Path::Relay);
     assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm90 });
     // The lmax-free decision ignores the limit.
-    assert_eq!(d.decide_backward_path(Dtype::F32, 32, true).path, Path::Fused);
+    assert_eq!(d.decide_backward_path(Dtype::F32, 32, Request::Always).path, Path::Fused);
 }
 
 #[test]
@@ -596,7 +660,7 @@ fn builtin_table_serves_every_shape() {
                 let s = StackShape::new(2, cf, lmax, 3);
                 validate_shape::<f32>(&d, &s).unwrap_or_else(|e| panic!("{arch} f32 {s:?}: {e}"));
                 validate_shape::<f64>(&d, &s).unwrap_or_else(|e| panic!("{arch} f64 {s:?}: {e}"));
-                let dec = d.decide_backward_path_at(Dtype::F32, cf as u32, lmax as u32, true);
+                let dec = d.decide_backward_path_at(Dtype::F32, cf as u32, lmax as u32, Request::Always);
                 let want = if (cf as u32) < FUSED_CF_LIMIT && fused_here { Path::Fused } else { Path::Relay };
                 assert_eq!(dec.path, want, "{arch} Cf {cf} lmax {lmax}: {dec}");
             }
@@ -857,6 +921,11 @@ fn stage_roles_come_from_the_spec() {
     assert_eq!(FUSED_CF_LIMIT, specs.stages.regime.fused_cf_below);
     assert_eq!(table::CUBLAS_GATE_FROM_CF, specs.stages.regime.cublas_gate_from_cf);
     assert_eq!(table::STAGE_ROLES.to_vec(), specs.roles());
+    let listed: Vec<(u32, (u32, u32), Option<String>)> =
+        table::FUSED_FASTER.iter().map(|x| (x.cf, x.lmax, x.gpu.map(String::from))).collect();
+    let spec: Vec<(u32, (u32, u32), Option<String>)> =
+        specs.stages.regime.fused_faster.iter().map(|x| (x.cf, (x.lmax[0], x.lmax[1]), x.gpu.clone())).collect();
+    assert_eq!(listed, spec, "the generated regime is stages.yaml's");
 }
 
 /// The chain of defaults: the device's own (tiles.yaml `gpu`), the generic
@@ -946,11 +1015,11 @@ fn dispatch_serves_the_devices_compute_capability() {
 fn fused_backward_on_an_arch_without_fused_tiles_is_the_relay() {
     let d = Dispatch::new(two_arch_table());
     let ampere = d.for_device(80).unwrap();
-    let dec = ampere.decide_backward_path(Dtype::F32, 32, true);
+    let dec = ampere.decide_backward_path(Dtype::F32, 32, Request::Always);
     assert_eq!(dec.path, Path::Relay);
     assert_eq!(dec.reason, Reason::NoFusedKernel { stage: Stage::BwdFused, arch: Arch::Sm80 });
     assert!(dec.to_string().contains("sm_80"), "{dec}");
-    assert_eq!(d.for_device(90).unwrap().decide_backward_path(Dtype::F32, 32, true).path, Path::Fused);
+    assert_eq!(d.for_device(90).unwrap().decide_backward_path(Dtype::F32, 32, Request::Always).path, Path::Fused);
     // Naming the sm_90-only tile there is refused, saying why.
     let fused = d.for_device(90).unwrap().default_for(Stage::BwdFused, Dtype::F32, 32, 3).unwrap().name;
     let tiles = TileOverride::new().with(Stage::BwdFused, fused);
@@ -1079,7 +1148,7 @@ fn fp16x3_mode_dispatch() {
         }
     }
     assert_eq!(gemm_stages, 5, "fwd_m0, fwd_m1, fwd_final, bwd_final, bwd_gemm run in the mode");
-    let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, true);
+    let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always);
     assert_eq!((d.path, d.reason, d.precision), (Path::Fused, Reason::Requested, Precision::Fp16x3));
     assert!(d.to_string().starts_with("fused in fp16x3 ("), "{d}");
     let fused = x3.select(Stage::BwdFused, Dtype::F32, cf, lmax, &none).unwrap();
@@ -1087,9 +1156,9 @@ fn fp16x3_mode_dispatch() {
     // the mode's chunk width is one: fused and relay fp16x3 tiles share block_k
     let relay_gemm = x3.select(Stage::BwdGemm, Dtype::F32, cf, lmax, &none).unwrap();
     assert_eq!(fused.geometry.block_k(), relay_gemm.geometry.block_k());
-    let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, false);
+    let d = x3.decide_backward_path_at(Dtype::F32, cf, lmax, Request::Off);
     assert_eq!((d.reason, d.precision), (Reason::NotRequested, Precision::Fp16x3));
-    assert_eq!(exact.decide_backward_path_at(Dtype::F32, cf, lmax, true).precision, Precision::Exact);
+    assert_eq!(exact.decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always).precision, Precision::Exact);
     // what the mode does not serve: f64, and an arch without its kernels
     match x3.check_precision(Dtype::F64, cf) {
         Err(MixError::UnsupportedPrecision { precision, dtype, why, .. }) => {
@@ -1125,9 +1194,9 @@ fn fused_without_kernels_of_the_mode_takes_the_relay() {
     t.push(entry(Stage::BwdFused, Dtype::F32, 32, stream(64, 64, 32, 8, 4), true, true));
     let d = Dispatch::new(&t).with_precision(Precision::Fp16x3);
     d.check_precision(Dtype::F32, 32).unwrap();
-    let dec = d.decide_backward_path_at(Dtype::F32, 32, 3, true);
+    let dec = d.decide_backward_path_at(Dtype::F32, 32, 3, Request::Always);
     assert_eq!((dec.path, dec.reason), (Path::Relay, Reason::Precision(Precision::Fp16x3)));
     assert!(dec.to_string().contains("no fp16x3 kernels"), "{dec}");
     // the exact mode over the same table takes its fused tile
-    assert_eq!(Dispatch::new(&t).decide_backward_path_at(Dtype::F32, 32, 3, true).path, Path::Fused);
+    assert_eq!(Dispatch::new(&t).decide_backward_path_at(Dtype::F32, 32, 3, Request::Always).path, Path::Fused);
 }

@@ -5,7 +5,7 @@ DeepPot, on the box of water.data, against the first package given:
     python3 examples/lammps/compare.py model_upstream.pt2 model_mixstack.pt2 [--json FILE]
 
 A mixstack package is evaluated twice, with MIXSTACK_STACK_BWD_FUSED=0 and
-=1 (its backward reads the switch at each call): relay and fused, whose
+=always (its backward reads the switch at each call): relay and fused, whose
 forces must be bitwise equal. Reports the energy's relative difference and
 the forces' relative L2 difference against the reference package.
 
@@ -85,7 +85,7 @@ def main():
     runs = []  # (model, backward variant or None, energy, forces)
     failed = []
     for path in a.models:
-        variants = (("relay", "0"), ("fused", "1")) if calls_mixstack(path) else ((None, None),)
+        variants = (("relay", "0"), ("fused", "always")) if calls_mixstack(path) else ((None, None),)
         for variant, fused in variants:
             ef = evaluate(path, a.data, fused)
             if ef is None:

@@ -26,7 +26,7 @@ _STATUS = {
 }
 # Statuses that mean "the caller asked for something invalid" -> ValueError.
 _VALUE_ERRORS = {1, 2, 3, 4, 8, 9}
-PATHS = {"auto": 0, "relay": 1, "fused": 2}
+PATHS = {"auto": 0, "relay": 1, "fused": 2, "fused_always": 3}
 _PATH_NAMES = {0: None, 1: "relay", 2: "fused"}
 
 

@@ -106,8 +106,8 @@ class StackOp:
 
 def install(path="auto"):
     """Point DeePMD-kit's value path at mixstack's stack (``path``: the
-    backward, "relay", "fused" or "auto" = the ``MIXSTACK_STACK_BWD_FUSED``
-    switch). Takes effect for models built afterwards. Returns the op it
+    backward, "relay", "fused" (where measured faster), "fused_always" or
+    "auto" = the ``MIXSTACK_STACK_BWD_FUSED`` switch). Takes effect for models built afterwards. Returns the op it
     replaced (upstream's). Fails at once when the library cannot be loaded."""
     global _upstream
     if path not in PATHS:
@@ -185,7 +185,7 @@ def from_environment():
         return None
     path = {"1": "auto", "on": "auto", "yes": "auto", "true": "auto"}.get(value, value)
     if path not in PATHS:
-        raise ValueError(f"{ENV}={value!r}: expected relay, fused, auto (or 1/on), or unset/0/off")
+        raise ValueError(f"{ENV}={value!r}: expected relay, fused, fused_always, auto (or 1/on), or unset/0/off")
     if UPSTREAM_MODULE in sys.modules:
         install(path)
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):

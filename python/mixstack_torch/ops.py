@@ -210,9 +210,10 @@ def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alp
     gated layers' pre-activations) is not differentiable.
 
     ``path`` picks the backward: "auto" (the ``MIXSTACK_STACK_BWD_FUSED``
-    environment switch, read at each backward), "relay" or "fused" (fused runs
-    only for float32 with Cf < 96; otherwise the relay runs, see
-    :func:`last_backward_path`).
+    environment switch, read at each backward), "relay", "fused" (the fused
+    backward where it was measured faster than the relay on this GPU) or
+    "fused_always" (wherever its kernels serve: float32 with Cf < 96);
+    otherwise the relay runs, see :func:`last_backward_path`.
 
     Gradients: only ``u0`` and ``alpha`` get gradients (the inference/force
     backward). The weights get **None**, even when they require grad: do not

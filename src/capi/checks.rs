@@ -12,8 +12,8 @@ use cudarc::driver::sys::{self, CUcontext, CUdeviceptr, CUpointer_attribute, CUr
 use cudarc::driver::{CudaContext, CudaStream};
 
 use super::status::{
-    fail, mixstack_status::*, Fail, MIXSTACK_PATH_AUTO, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_RELAY,
-    MIXSTACK_PRECISION_AUTO, MIXSTACK_PRECISION_EXACT, MIXSTACK_PRECISION_FP16X3,
+    fail, mixstack_status::*, Fail, MIXSTACK_PATH_AUTO, MIXSTACK_PATH_FUSED, MIXSTACK_PATH_FUSED_ALWAYS,
+    MIXSTACK_PATH_RELAY, MIXSTACK_PRECISION_AUTO, MIXSTACK_PRECISION_EXACT, MIXSTACK_PRECISION_FP16X3,
 };
 use crate::runtime::dispatch::Dispatch;
 use crate::runtime::error::MixError;
@@ -43,9 +43,13 @@ pub(super) fn path_mode(path: c_int) -> Result<FusedMode, Fail> {
         MIXSTACK_PATH_AUTO => Ok(FusedMode::FromEnv),
         MIXSTACK_PATH_RELAY => Ok(FusedMode::Off),
         MIXSTACK_PATH_FUSED => Ok(FusedMode::On),
+        MIXSTACK_PATH_FUSED_ALWAYS => Ok(FusedMode::Always),
         p => Err(fail(
             MIXSTACK_ERR_BAD_ARGUMENT,
-            format!("unknown path code {p}: 0 (auto, MIXSTACK_STACK_BWD_FUSED), 1 (relay) or 2 (fused)"),
+            format!(
+                "unknown path code {p}: 0 (auto, MIXSTACK_STACK_BWD_FUSED), 1 (relay), 2 (fused where measured \
+                 faster) or 3 (fused wherever served)"
+            ),
         )),
     }
 }

@@ -91,6 +91,7 @@ pub const MIXSTACK_DTYPE_F64: c_int = 1;
 pub const MIXSTACK_PATH_AUTO: c_int = 0;
 pub const MIXSTACK_PATH_RELAY: c_int = 1;
 pub const MIXSTACK_PATH_FUSED: c_int = 2;
+pub const MIXSTACK_PATH_FUSED_ALWAYS: c_int = 3;
 /// precision codes of `mixstack_set_precision` / `mixstack_last_precision`.
 pub const MIXSTACK_PRECISION_AUTO: c_int = 0;
 pub const MIXSTACK_PRECISION_EXACT: c_int = 1;

@@ -31,6 +31,7 @@ use std::fmt;
 
 use super::error::{MixError, ShapeParam};
 use super::launch::dynamic_smem;
+use super::switch::{Request, FUSED_ENV};
 use super::table::{
     self, Arch, Dtype, Geometry, KernelEntry, Layers, Pass, Precision, Serves, Stage, StageRole, Variant,
 };
@@ -147,6 +148,10 @@ pub enum Reason {
     /// Relay: the fused backward has no kernels of this call's compensated
     /// mode (the relay runs the call in that mode).
     Precision(Precision),
+    /// Relay: "on" was requested, and the fused backward is not measured
+    /// faster than the relay at this Cf and lmax on this GPU (stages.yaml
+    /// `regime.fused_faster`); "always" would run it.
+    NotFaster { cf: u32, lmax: u32 },
 }
 
 impl fmt::Display for Reason {
@@ -160,6 +165,11 @@ impl fmt::Display for Reason {
                 write!(f, "no accepted streaming {arch} {stage} kernel with BLOCK_K dividing Cf that fits")
             }
             Reason::Precision(p) => write!(f, "the fused backward has no {p} kernels; the relay runs {p}"),
+            Reason::NotFaster { cf, lmax } => write!(
+                f,
+                "the fused backward is not measured faster than the relay at Cf {cf} lmax {lmax} on this GPU \
+                 (stages.yaml regime.fused_faster); {FUSED_ENV}=always runs it"
+            ),
         }
     }
 }
@@ -597,25 +607,35 @@ impl<'t> Dispatch<'t> {
         Err(MixError::NoKernel { stage, dtype, cf })
     }
 
-    /// Fused or relay for one backward call: fused only if `requested`,
-    /// dtype is f32, Cf < [`FUSED_CF_LIMIT`] and the fused stage has an
-    /// accepted streaming kernel whose BLOCK_K divides Cf. Otherwise relay, with the first
-    /// failed condition as the reason. Ignores lmax (and so the shared-memory
-    /// limit): see [`Dispatch::decide_backward_path_at`].
-    pub fn decide_backward_path(&self, dtype: Dtype, cf: u32, requested: bool) -> PathDecision {
-        self.decide(dtype, cf, None, requested)
+    /// Fused or relay for one backward call: fused only if requested, dtype
+    /// is f32, Cf < [`FUSED_CF_LIMIT`] and the fused stage has an accepted
+    /// streaming kernel whose BLOCK_K divides Cf. Otherwise relay, with the
+    /// first failed condition as the reason. Ignores lmax (and so the
+    /// shared-memory limit and the measured regime of [`Request::On`]):
+    /// see [`Dispatch::decide_backward_path_at`].
+    pub fn decide_backward_path(&self, dtype: Dtype, cf: u32, request: Request) -> PathDecision {
+        self.decide(dtype, cf, None, request)
     }
 
     /// [`Dispatch::decide_backward_path`] at one lmax: the fused kernels
-    /// must also fit the shared-memory limit there. What the stack uses.
-    pub fn decide_backward_path_at(&self, dtype: Dtype, cf: u32, lmax: u32, requested: bool) -> PathDecision {
-        self.decide(dtype, cf, Some(lmax), requested)
+    /// must also fit the shared-memory limit there, and for
+    /// [`Request::On`] the fused backward must be measured faster there on
+    /// this dispatch's GPU ([`Dispatch::fused_faster`]). What the stack uses.
+    pub fn decide_backward_path_at(&self, dtype: Dtype, cf: u32, lmax: u32, request: Request) -> PathDecision {
+        self.decide(dtype, cf, Some(lmax), request)
     }
 
-    fn decide(&self, dtype: Dtype, cf: u32, lmax: Option<u32>, requested: bool) -> PathDecision {
+    /// Whether stages.yaml `regime.fused_faster` lists (cf, lmax) for this
+    /// dispatch's GPU ([`Dispatch::with_gpu`]; the generic entries for a
+    /// GPU without its own, or for none).
+    pub fn fused_faster(&self, cf: u32, lmax: u32) -> bool {
+        crate::kinds::fused_faster(&table::FUSED_FASTER, cf, lmax, self.gpu)
+    }
+
+    fn decide(&self, dtype: Dtype, cf: u32, lmax: Option<u32>, request: Request) -> PathDecision {
         let precision = self.precision;
         let relay = |reason| PathDecision { path: Path::Relay, reason, precision };
-        if !requested {
+        if request == Request::Off {
             return relay(Reason::NotRequested);
         }
         if dtype != Dtype::F32 {
@@ -634,6 +654,11 @@ impl<'t> Dispatch<'t> {
             };
             if none {
                 return relay(Reason::NoFusedKernel { stage, arch: self.arch });
+            }
+        }
+        if let (Request::On, Some(l)) = (request, lmax) {
+            if !self.fused_faster(cf, l) {
+                return relay(Reason::NotFaster { cf, lmax: l });
             }
         }
         PathDecision { path: Path::Fused, reason: Reason::Requested, precision }
@@ -685,8 +710,8 @@ pub fn select_kernel<'t>(
 }
 
 /// [`Dispatch::decide_backward_path`] over `table`.
-pub fn decide_backward_path(table: &[KernelEntry], dtype: Dtype, cf: u32, requested: bool) -> PathDecision {
-    Dispatch::new(table).decide_backward_path(dtype, cf, requested)
+pub fn decide_backward_path(table: &[KernelEntry], dtype: Dtype, cf: u32, request: Request) -> PathDecision {
+    Dispatch::new(table).decide_backward_path(dtype, cf, request)
 }
 
 /// [`Dispatch::report`] over `table`.

@@ -53,5 +53,5 @@ pub use stack::{
     BackwardOptions, BackwardPtrs, BackwardWeights, CallWeights, Checked, ForwardOptions, ForwardPtrs, ForwardWeights,
     Stack,
 };
-pub use switch::{parse_switch, FusedMode, FUSED_ENV};
+pub use switch::{parse_switch, FusedMode, Request, FUSED_ENV};
 pub use table::Precision;

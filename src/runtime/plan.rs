@@ -21,6 +21,7 @@ use super::dispatch::{Dispatch, Path, PathDecision, TileOverride};
 use super::error::MixError;
 use super::gate_blas::{GATE_BLAS_MIN_CF, GATE_GEMM_ROWS};
 use super::shape::StackShape;
+use super::switch::Request;
 use super::table::{Dtype, KernelEntry, Stage};
 
 /// A buffer a plan reads or writes.
@@ -520,17 +521,17 @@ impl Planner<'_> {
         }
     }
 
-    /// The path and kernels of a backward call; `fused_requested` is the
-    /// caller's opt-in (already read from the environment where asked).
+    /// The path and kernels of a backward call; `request` is the caller's
+    /// opt-in (already read from the environment where asked).
     pub fn backward_choice(
         &self,
-        fused_requested: bool,
+        request: Request,
         tiles: &TileOverride,
         cublas: bool,
     ) -> Result<BackwardChoice, MixError> {
         let (cf, lmax) = (self.shape.cf as u32, self.shape.lmax as u32);
         self.dispatch.validate_override(self.dtype, cf, lmax, tiles)?;
-        let decision = self.dispatch.decide_backward_path_at(self.dtype, cf, lmax, fused_requested);
+        let decision = self.dispatch.decide_backward_path_at(self.dtype, cf, lmax, request);
         let grad_alpha = self.select(Stage::BwdGradAlpha, tiles)?;
         let final_ = self.select(Stage::BwdFinal, tiles)?;
         let gate_blas = decision.path == Path::Relay

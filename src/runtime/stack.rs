@@ -65,10 +65,15 @@ impl BackwardOptions {
     pub fn relay() -> Self {
         BackwardOptions { fused: FusedMode::Off, ..Self::default() }
     }
-    /// Fused requested, whatever the environment says (falls back to the
-    /// relay outside the fused regime).
+    /// Fused requested where measured faster, whatever the environment
+    /// says (the relay elsewhere, and outside the fused regime).
     pub fn fused() -> Self {
         BackwardOptions { fused: FusedMode::On, ..Self::default() }
+    }
+    /// Fused requested wherever its kernels serve the shape (the relay
+    /// outside the fused regime only): to measure or test the kernels.
+    pub fn fused_always() -> Self {
+        BackwardOptions { fused: FusedMode::Always, ..Self::default() }
     }
     pub fn with_precision(mut self, precision: Precision) -> Self {
         self.precision = PrecisionMode::Set(precision);

@@ -7,6 +7,7 @@ use cudarc::driver::CudaSlice;
 use mixstack::kinds::{Precision, Stage};
 use mixstack::runtime::{
     open_device, BackwardOptions, CallMemory, ForwardOptions, GateGemm, Path, Stack, StackShape, TileOverride,
+    FUSED_ENV,
 };
 use rand::{rngs::StdRng as SmallRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -22,8 +23,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
     /// Backward variants to time side by side (default: relay, fused). A
-    /// variant is `relay` or `fused`, optionally with kernel overrides:
-    /// `fused:bwd_fused=NAME` (canonical names).
+    /// variant is `relay` or `fused` (the fused kernels wherever they serve
+    /// the shape, as the switch's "always"), optionally with kernel
+    /// overrides: `fused:bwd_fused=NAME` (canonical names).
     #[arg(long = "variant")]
     pub variants: Vec<String>,
     /// Forward variants to time side by side (default: the dispatch
@@ -463,6 +465,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
         ),
         None => println!("fused path not taken for this workload: relay only"),
     }
+    // What the switch's plain "on" does here (the measured regime).
+    let (on, _) = stack.backward_plan(&BackwardOptions::fused())?;
+    println!("switch on ({FUSED_ENV}=1) at this shape on this GPU: {} ({})", on.path, on.reason);
     let cublas_gate = if args.cublas_gate {
         let gw0 = stream.clone_htod(&gw[..w.f * w.cf * w.lg() as usize])?;
         let g = super::cublas_gate::time(&stream, &w, &stack, (&grad_out, &out, &z_all, &alpha), &gw0, args.reps)?;
@@ -531,7 +536,7 @@ fn parse_variant(v: &str) -> Result<(String, BackwardOptions), String> {
     let (path, overrides) = v.split_once(':').unwrap_or((v, ""));
     let mut opts = match path {
         "relay" => BackwardOptions::relay(),
-        "fused" => BackwardOptions::fused(),
+        "fused" => BackwardOptions::fused_always(),
         other => return Err(format!("variant '{v}': path '{other}' is not relay or fused")),
     };
     opts.tiles = parse_overrides(v, overrides)?.1;

@@ -10,6 +10,7 @@ use mixstack::runtime::dispatch::{Dispatch, TileOverride};
 use mixstack::runtime::plan::{Machine, Planner};
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
+use mixstack::runtime::switch::{parse_switch, Request, SWITCH_SPELLINGS};
 
 /// The shape and the machine of a plan to print (defaults: the seed's shape,
 /// F 2, Cf 32, lmax 3, 3 layers, at 1,000 edges).
@@ -28,9 +29,10 @@ pub struct PlanArgs {
     /// Edges.
     #[arg(long, default_value_t = 1000)]
     e: usize,
-    /// Request the fused backward (MIXSTACK_STACK_BWD_FUSED=1).
-    #[arg(long)]
-    fused: bool,
+    /// Request the fused backward, spelt as MIXSTACK_STACK_BWD_FUSED: bare
+    /// or "on", where it was measured faster; "always", wherever it serves.
+    #[arg(long, num_args = 0..=1, default_missing_value = "on", value_parser = fused_arg)]
+    fused: Option<Request>,
     /// Plan as if cuBLAS were not available (it is taken where it serves).
     #[arg(long)]
     no_cublas: bool,
@@ -52,6 +54,11 @@ pub struct PlanArgs {
     /// newest arch built. Without --plan, prints the dispatch table it gets.
     #[arg(long)]
     pub cc: Option<u32>,
+}
+
+/// `--fused` by the runtime's own parser ([`parse_switch`]).
+fn fused_arg(s: &str) -> Result<Request, String> {
+    parse_switch(Some(s)).map_err(|_| SWITCH_SPELLINGS.to_string())
 }
 
 /// `--cap` by the runtime's own parser ([`chunk::parse_cap`]).
@@ -119,7 +126,7 @@ pub fn run(a: &PlanArgs) -> CliResult {
         a.f, a.cf, a.lmax, a.layers, a.e
     );
     print!("## forward\n{}", planner.forward(a.e, true, &tiles, &machine)?);
-    let choice = planner.backward_choice(a.fused, &tiles, machine.cublas)?;
+    let choice = planner.backward_choice(a.fused.unwrap_or(Request::Off), &tiles, machine.cublas)?;
     println!("## backward: {} ({})", choice.decision.path, choice.decision.reason);
     print!("{}", planner.backward(a.e, true, &choice, &machine)?);
     Ok(())

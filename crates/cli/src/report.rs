@@ -4,8 +4,8 @@
 
 use super::CliResult;
 use mixstack::kinds::{Arch, Dtype, Precision};
-use mixstack::runtime::table::{BUILD_MANIFEST_JSON, BUILD_SOURCE};
-use mixstack::runtime::Dispatch;
+use mixstack::runtime::table::{self, BUILD_MANIFEST_JSON, BUILD_SOURCE};
+use mixstack::runtime::{Dispatch, Request};
 use mixstack_gen::buildlog;
 use mixstack_gen::embed::{DispatchRow, Manifest, ManifestInstance};
 use serde::Serialize;
@@ -16,14 +16,24 @@ struct BackwardRow {
     dtype: Dtype,
     cf: u32,
     switch_off: String,
-    switch_on: String,
-    reason_on: String,
+    switch_always: String,
+    reason_always: String,
+}
+
+/// A stages.yaml `regime.fused_faster` entry: where the switch's "on" takes
+/// the fused backward.
+#[derive(Serialize)]
+struct FusedFasterRow {
+    cf: u32,
+    lmax: (u32, u32),
+    gpu: Option<&'static str>,
 }
 
 #[derive(Serialize)]
 struct DispatchJson<'a> {
     kernels: &'a [DispatchRow],
     backward: Vec<BackwardRow>,
+    fused_faster: Vec<FusedFasterRow>,
 }
 
 /// An instance rejected on an arch because ptxas reports spills (the build
@@ -67,15 +77,15 @@ fn backward_rows(m: &Manifest) -> Vec<BackwardRow> {
     keys.into_iter()
         .map(|(arch, dtype, cf)| {
             let d = Dispatch::builtin().with_arch(arch);
-            let off = d.decide_backward_path(dtype, cf, false);
-            let on = d.decide_backward_path(dtype, cf, true);
+            let off = d.decide_backward_path(dtype, cf, Request::Off);
+            let always = d.decide_backward_path(dtype, cf, Request::Always);
             BackwardRow {
                 arch,
                 dtype,
                 cf,
                 switch_off: off.path.to_string(),
-                switch_on: on.path.to_string(),
-                reason_on: on.reason.to_string(),
+                switch_always: always.path.to_string(),
+                reason_always: always.reason.to_string(),
             }
         })
         .collect()
@@ -88,11 +98,13 @@ fn opt(v: Option<u32>) -> String {
 pub fn run(json: bool) -> CliResult {
     let m: Manifest = serde_json::from_str(BUILD_MANIFEST_JSON)?;
     let backward = backward_rows(&m);
+    let fused_faster: Vec<FusedFasterRow> =
+        table::FUSED_FASTER.iter().map(|x| FusedFasterRow { cf: x.cf, lmax: x.lmax, gpu: x.gpu }).collect();
     if json {
         let r = ReportJson {
             instances: &m.instances,
             rejected: rejected_rows(&m),
-            dispatch: DispatchJson { kernels: &m.dispatch, backward },
+            dispatch: DispatchJson { kernels: &m.dispatch, backward, fused_faster },
         };
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -168,10 +180,18 @@ pub fn run(json: bool) -> CliResult {
         );
         i = j + 1;
     }
-    println!("\n# backward path per (arch, dtype, cf): switch off / switch on (MIXSTACK_STACK_BWD_FUSED)");
+    println!("\n# backward path per (arch, dtype, cf): switch off / always (MIXSTACK_STACK_BWD_FUSED)");
     for b in &backward {
         let (arch, dt) = (b.arch.as_str(), b.dtype.as_str());
-        println!("{arch:<5} {dt:<4} cf {:>3}: {} / {} ({})", b.cf, b.switch_off, b.switch_on, b.reason_on);
+        println!("{arch:<5} {dt:<4} cf {:>3}: {} / {} ({})", b.cf, b.switch_off, b.switch_always, b.reason_always);
+    }
+    println!("# switch on: fused where measured faster than the relay (stages.yaml regime.fused_faster), else relay");
+    if fused_faster.is_empty() {
+        println!("(none listed: \"on\" runs the relay everywhere)");
+    }
+    for x in &fused_faster {
+        let on = x.gpu.map_or("every GPU without entries of its own".to_string(), |g| format!("GPUs named *{g}*"));
+        println!("f32  cf {:>3} lmax {}..{}: {on}", x.cf, x.lmax.0, x.lmax.1);
     }
     Ok(())
 }

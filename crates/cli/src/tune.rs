@@ -12,7 +12,7 @@ use std::time::Instant;
 use mixstack::kinds::{Dtype, Precision, Stage};
 use mixstack::runtime::dispatch::{forward_stages, is_fused_stage, Path};
 use mixstack::runtime::table::{self, Layers, Serves, Variant};
-use mixstack::runtime::{open_device, BackwardOptions, ForwardOptions, FusedMode, GateGemm, TileOverride};
+use mixstack::runtime::{open_device, BackwardOptions, ForwardOptions, FusedMode, GateGemm, Request, TileOverride};
 use mixstack_gen::defaults::{write, Default};
 use rand::{rngs::StdRng as SmallRng, SeedableRng};
 
@@ -72,7 +72,9 @@ pub fn run(args: &TuneArgs) -> CliResult {
     let d = stack.dispatch();
     let (dtype, cf, lmax) = (Dtype::F32, w.cf as u32, w.lmax as u32);
     let cublas = stack.gate_gemm() == GateGemm::Cublas;
-    let fused_served = d.decide_backward_path_at(dtype, cf, lmax, true).path == Path::Fused;
+    // Every fused kernel that serves the shape is measured, in or out of
+    // the measured regime ("always").
+    let fused_served = d.decide_backward_path_at(dtype, cf, lmax, Request::Always).path == Path::Fused;
     // The stages this workload runs (stages.yaml roles): gated ones only with
     // a gated layer, the gate stages of the path it takes, fused where served.
     let runs = |s: Stage| {
@@ -118,7 +120,7 @@ pub fn run(args: &TuneArgs) -> CliResult {
         let fwd_opts =
             |t: &TileOverride| ForwardOptions::default().with_precision(Precision::Exact).with_tiles(t.clone());
         let opts = |t: &TileOverride| {
-            let fused = if is_fused_stage(stage) { FusedMode::On } else { FusedMode::Off };
+            let fused = if is_fused_stage(stage) { FusedMode::Always } else { FusedMode::Off };
             BackwardOptions { fused, ..BackwardOptions::default() }
                 .with_precision(Precision::Exact)
                 .with_tiles(t.clone())

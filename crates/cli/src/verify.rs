@@ -147,7 +147,7 @@ pub fn run(dir: Option<&std::path::Path>) -> CliResult {
                         Err(e) => return Err(e.into()),
                     };
                     check_gpu(&mut t, &tag("relay"), c, &relay, TOL_F32);
-                    let fused = run_case::<f32>(&stream, c, p, &BackwardOptions::fused())?;
+                    let fused = run_case::<f32>(&stream, c, p, &BackwardOptions::fused_always())?;
                     if fused.path == Path::Fused {
                         check_gpu(&mut t, &tag("fused"), c, &fused, TOL_F32);
                         let same = fused.grad_u0.iter().zip(&relay.grad_u0).all(|(a, b)| a.bits() == b.bits())

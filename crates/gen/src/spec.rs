@@ -89,13 +89,30 @@ pub struct StagesSpec {
 }
 
 /// Where each path serves (stages.yaml `regime`).
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Regime {
     /// The fused backward serves Cf below this.
     pub fused_cf_below: u32,
     /// The gate GEMMs run on cuBLAS from this Cf.
     pub cublas_gate_from_cf: u32,
+    /// Where the switch's "on" takes the fused backward: where it was
+    /// measured faster than the relay (none listed: nowhere).
+    #[serde(default)]
+    pub fused_faster: Vec<FusedFasterSpec>,
+}
+
+/// One `regime.fused_faster` entry: Cf, an lmax range, and the GPUs it was
+/// measured on (a part of the device name, matched without case, as
+/// tiles.yaml defaults are; none: every GPU without entries of its own).
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FusedFasterSpec {
+    pub cf: u32,
+    /// `[min, max]`, inclusive.
+    pub lmax: [u32; 2],
+    #[serde(default)]
+    pub gpu: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]
@@ -482,6 +499,49 @@ impl Specs {
         Ok(())
     }
 
+    /// `regime.fused_faster`: each entry a Cf the fused stage is built for,
+    /// an lmax range inside the build's, a non-empty GPU name; no two
+    /// entries for one GPU (or both generic) overlap at a Cf.
+    fn validate_fused_faster(&self) -> Result<(), SpecError> {
+        let st = &self.stages;
+        let fused_cf: Vec<u32> =
+            st.stages.iter().filter(|s| s.variant == Variant::Fused).flat_map(|s| s.cf.iter().copied()).collect();
+        let gpu_of = |x: &FusedFasterSpec| x.gpu.as_deref().map(|g| g.trim().to_ascii_lowercase());
+        let list = &st.regime.fused_faster;
+        for (i, x) in list.iter().enumerate() {
+            let field = |f: &str| format!("regime.fused_faster[{i}].{f}");
+            if !fused_cf.contains(&x.cf) {
+                return Err(self.invalid(
+                    "stages.yaml",
+                    field("cf"),
+                    format!("Cf {}: no fused stage is built for it (built: {fused_cf:?})", x.cf),
+                ));
+            }
+            let [lo, hi] = x.lmax;
+            if lo < st.lmax.min || lo > hi || hi > st.lmax.max {
+                return Err(self.invalid(
+                    "stages.yaml",
+                    field("lmax"),
+                    format!("[{lo}, {hi}]: need {} <= min <= max <= {} (stages.yaml lmax)", st.lmax.min, st.lmax.max),
+                ));
+            }
+            if x.gpu.as_deref().is_some_and(|g| g.trim().is_empty()) {
+                return Err(self.invalid("stages.yaml", field("gpu"), "an empty GPU name"));
+            }
+            if let Some(j) = list[..i]
+                .iter()
+                .position(|y| y.cf == x.cf && gpu_of(y) == gpu_of(x) && y.lmax[0] <= hi && lo <= y.lmax[1])
+            {
+                return Err(self.invalid(
+                    "stages.yaml",
+                    field("lmax"),
+                    format!("overlaps regime.fused_faster[{j}] at Cf {} for the same GPU", x.cf),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_stages(&self) -> Result<(), SpecError> {
         let st = &self.stages;
         if st.lmax.min < 1 || st.lmax.min > st.lmax.max || st.lmax.max > bounds::LMAX {
@@ -502,6 +562,7 @@ impl Specs {
                 ));
             }
         }
+        self.validate_fused_faster()?;
         if st.archs.is_empty() || !st.archs.windows(2).all(|w| w[0] < w[1]) {
             return Err(self.invalid(
                 "stages.yaml",

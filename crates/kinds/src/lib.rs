@@ -106,6 +106,28 @@ pub struct StageRole {
     pub serves: Serves,
 }
 
+/// Where the switch's "on" takes the fused backward (stages.yaml
+/// `regime.fused_faster`, generated into the kernel table): Cf, an inclusive
+/// lmax range, and the GPU it was measured on (a part of the device name;
+/// `None`: every GPU without entries of its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedFaster {
+    pub cf: u32,
+    pub lmax: (u32, u32),
+    pub gpu: Option<&'static str>,
+}
+
+/// Whether `list` puts (cf, lmax) in the fused regime on `device` (its name;
+/// `None`: no GPU in particular). A device with entries of its own
+/// (`gpu_matches`) is judged by those only, any other by the generic ones.
+pub fn fused_faster(list: &[FusedFaster], cf: u32, lmax: u32, device: Option<&str>) -> bool {
+    let own = |x: &FusedFaster| matches!((x.gpu, device), (Some(k), Some(d)) if gpu_matches(k, d));
+    let has_own = list.iter().any(own);
+    list.iter()
+        .filter(|x| if has_own { own(x) } else { x.gpu.is_none() })
+        .any(|x| x.cf == cf && (x.lmax.0..=x.lmax.1).contains(&lmax))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Variant {

@@ -254,8 +254,9 @@ int path_code(c10::string_view path) {
   if (path == "auto") return MIXSTACK_PATH_AUTO;
   if (path == "relay") return MIXSTACK_PATH_RELAY;
   if (path == "fused") return MIXSTACK_PATH_FUSED;
-  TORCH_CHECK_VALUE(false, "mixstack_stack: path must be one of ['auto', 'fused', 'relay'], got '", std::string(path),
-                    "'");
+  if (path == "fused_always") return MIXSTACK_PATH_FUSED_ALWAYS;
+  TORCH_CHECK_VALUE(false, "mixstack_stack: path must be one of ['auto', 'fused', 'fused_always', 'relay'], got '",
+                    std::string(path), "'");
 }
 
 // Numbers in messages go in as std::to_string text, never as integers
