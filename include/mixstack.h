@@ -64,8 +64,10 @@ extern "C" {
 /* Version of this ABI; mixstack_abi_version() returns it. 2 added stacks that borrow
  * their weights (mixstack_stack_create_borrowing, mixstack_forward_w,
  * mixstack_backward_w) and mixstack_supports; 3 added the precision mode
- * (mixstack_set_precision, mixstack_last_precision). Earlier functions are unchanged. */
-#define MIXSTACK_ABI_VERSION 3
+ * (mixstack_set_precision, mixstack_last_precision); 4 made path 2 (FUSED) the measured
+ * regime and added path 3 (FUSED_ALWAYS), the old meaning of 2. Earlier functions are
+ * unchanged. */
+#define MIXSTACK_ABI_VERSION 4
 
 /* Status codes. */
 typedef enum mixstack_status {
@@ -126,7 +128,8 @@ int mixstack_forward(mixstack_stack* stack, int64_t e, const void* u0, const voi
                      int apply_alpha, void* out, void* z_all, void* cu_stream);
 
 /* Backward (input gradients only) over e edges from the forward's out and z_all: writes
- * grad_u0 and grad_alpha. path: 0 auto (MIXSTACK_STACK_BWD_FUSED), 1 relay, 2 fused. */
+ * grad_u0 and grad_alpha. path: 0 auto (MIXSTACK_STACK_BWD_FUSED), 1 relay, 2 fused where
+ * measured faster, 3 fused wherever served (MIXSTACK_PATH_*). */
 int mixstack_backward(mixstack_stack* stack, int64_t e, const void* grad_out, const void* out,
                       const void* z_all, const void* alpha, int apply_alpha, void* grad_u0,
                       void* grad_alpha, int path, void* cu_stream);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A DeePMD-kit DPA4 / SeZM model end to end: upstream's Triton stack
-(DP_TRITON_INFER=2, fp32) against mixstack relay and mixstack fused through
-the drop-in (mixstack_torch.deepmd), in one process.
+(DP_TRITON_INFER=2, fp32) against mixstack relay and mixstack fused
+("fused_always": the fused kernels wherever they serve) through the drop-in
+(mixstack_torch.deepmd), in one process.
 
     python3 scripts/deepmd_e2e.py [--atoms 4096] [--reps 10] [--warmup 3] [--json FILE]
 
@@ -207,11 +208,11 @@ def main():
         "zero_tensors_filled": len(filled),
     }
     print(json.dumps(header))
-    print(f"{'variant':<10} {'median ms':>10} {'stack ms':>9} {'E rel':>9} {'F rel L2':>9} {'torch peak GB':>13} {'used GB':>8}")
+    print(f"{'variant':<13} {'median ms':>10} {'stack ms':>9} {'E rel':>9} {'F rel L2':>9} {'torch peak GB':>13} {'used GB':>8}")
     for n in names:
         r = results[n]
         print(
-            f"{n:<10} {r['median_ms']:>10.2f} {r.get('stack_ms', math.nan):>9.2f} {r['energy_rel']:>9.1e} "
+            f"{n:<13} {r['median_ms']:>10.2f} {r.get('stack_ms', math.nan):>9.2f} {r['energy_rel']:>9.1e} "
             f"{r['force_rel_l2']:>9.1e} {r.get('torch_peak_bytes', 0) / 1e9:>13.2f} {r.get('device_used_bytes', 0) / 1e9:>8.2f}"
         )
     if a.json:

@@ -773,10 +773,11 @@ fn switch_drives_dispatch() {
 
     // "on" takes the fused backward where this GPU's measured regime lists
     // the shape (stages.yaml regime.fused_faster), "always" wherever it serves.
-    let on = if st.dispatch().fused_faster(32, 3) {
+    let (cf, lmax) = (p.shape.cf as u32, p.shape.lmax as u32); // race mode trims lmax
+    let on = if st.dispatch().fused_faster(cf, lmax) {
         (Path::Fused, Reason::Requested)
     } else {
-        (Path::Relay, Reason::NotFaster { cf: 32, lmax: 3 })
+        (Path::Relay, Reason::NotFaster { cf, lmax: Some(lmax) })
     };
     let always = (Path::Fused, Reason::Requested);
     let off = (Path::Relay, Reason::NotRequested);
@@ -853,10 +854,11 @@ fn switch_on_outside_the_measured_regime_takes_the_relay() {
     }
     let want = p.reference();
     let (plan_decision, plan) = st.backward_plan(&BackwardOptions::fused()).unwrap();
-    assert_eq!((plan_decision.path, plan_decision.reason), (Path::Relay, Reason::NotFaster { cf: 64, lmax: 2 }));
+    let not_faster = Reason::NotFaster { cf: 64, lmax: Some(2) };
+    assert_eq!((plan_decision.path, plan_decision.reason), (Path::Relay, not_faster));
     assert!(plan.iter().all(|k| k.stage != Stage::BwdFused));
     let on = run(&g, &st, &p, &BackwardOptions::fused()).unwrap();
-    assert_eq!((on.decision.path, on.decision.reason), (Path::Relay, Reason::NotFaster { cf: 64, lmax: 2 }));
+    assert_eq!((on.decision.path, on.decision.reason), (Path::Relay, not_faster));
     assert_eq!(st.last_path(), Some(on.decision));
     check_close(&format!("switch on, outside the regime {}", p.describe()), &on, &want);
     let always = run(&g, &st, &p, &BackwardOptions::fused_always()).unwrap();

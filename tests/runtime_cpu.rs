@@ -204,22 +204,27 @@ fn from_env_reads_at_each_call() {
 // ----------------------------------------------------------------------
 
 /// The measured regime's lookup: a GPU with entries of its own is judged by
-/// those only (matched by a part of its name, without case), any other GPU
-/// (or none) by the generic entries; the lmax range is inclusive.
+/// those only (every key that is a part of its name, without case), any
+/// other GPU (or none) by the generic entries; the lmax range is inclusive,
+/// and `None` asks for any lmax; each mode has its own entries.
 #[test]
 fn fused_faster_lookup() {
     let h100 = Some("NVIDIA H100 80GB HBM3");
     let h200 = Some("NVIDIA H200");
-    let x = |cf, lmax, gpu| FusedFaster { cf, lmax, gpu };
-    let list = [x(32, (1, 3), Some("h100")), x(32, (1, 6), None), x(64, (2, 2), None)];
-    assert!(fused_faster(&list, 32, 1, h100) && fused_faster(&list, 32, 3, h100));
-    assert!(!fused_faster(&list, 32, 4, h100), "the H100's own entries only");
-    assert!(!fused_faster(&list, 64, 2, h100), "the H100's own entries only");
-    assert!(fused_faster(&list, 32, 6, h200) && fused_faster(&list, 64, 2, h200), "generic for the H200");
-    assert!(!fused_faster(&list, 64, 1, h200) && !fused_faster(&list, 64, 3, h200));
-    assert!(fused_faster(&list, 32, 5, None), "no GPU: the generic entries");
-    assert!(!fused_faster(&[], 32, 3, h100), "an empty regime serves nothing");
-    assert!(!fused_faster(&list[..1], 32, 3, h200), "no generic entries: nothing on other GPUs");
+    let x = |cf, lmax, gpu| FusedFaster { cf, lmax, precision: Precision::Exact, gpu };
+    let list =
+        [x(32, (1, 3), Some("h100")), x(32, (4, 4), Some("H100 80GB")), x(32, (1, 6), None), x(64, (2, 2), None)];
+    let at = |cf, lmax, dev| fused_faster(&list, Precision::Exact, cf, Some(lmax), dev);
+    assert!(at(32, 1, h100) && at(32, 3, h100) && at(32, 4, h100), "every matching key counts");
+    assert!(!at(32, 5, h100) && !at(64, 2, h100), "the H100's own entries only");
+    assert!(at(32, 6, h200) && at(64, 2, h200), "generic for the H200");
+    assert!(!at(64, 1, h200) && !at(64, 3, h200));
+    assert!(at(32, 5, None), "no GPU: the generic entries");
+    assert!(fused_faster(&list, Precision::Exact, 64, None, h200), "Cf 64 at some lmax");
+    assert!(!fused_faster(&list, Precision::Exact, 64, None, h100));
+    assert!(!fused_faster(&list, Precision::Fp16x3, 32, Some(2), h200), "another mode's entries");
+    assert!(!fused_faster(&[], Precision::Exact, 32, Some(3), h100), "an empty regime serves nothing");
+    assert!(!fused_faster(&list[..1], Precision::Exact, 32, Some(3), h200), "no generic entries: nothing elsewhere");
 }
 
 /// "On" takes the fused backward inside the regime generated from
@@ -233,7 +238,7 @@ fn decision_on_follows_the_measured_regime() {
         let d = Dispatch::new(&t).with_gpu(gpu);
         for cf in [32u32, 64] {
             for lmax in 1..=6u32 {
-                let listed = fused_faster(&table::FUSED_FASTER, cf, lmax, gpu);
+                let listed = fused_faster(&table::FUSED_FASTER, Precision::Exact, cf, Some(lmax), gpu);
                 assert_eq!(d.fused_faster(cf, lmax), listed);
                 let on = d.decide_backward_path_at(Dtype::F32, cf, lmax, Request::On);
                 let always = d.decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always);
@@ -244,20 +249,29 @@ fn decision_on_follows_the_measured_regime() {
                 if listed {
                     assert_eq!((on.path, on.reason), (Path::Fused, Reason::Requested), "{what}");
                 } else {
-                    assert_eq!((on.path, on.reason), (Path::Relay, Reason::NotFaster { cf, lmax }), "{what}");
+                    assert_eq!(
+                        (on.path, on.reason),
+                        (Path::Relay, Reason::NotFaster { cf, lmax: Some(lmax) }),
+                        "{what}"
+                    );
                     assert!(on.reason.to_string().contains("always"), "{}", on.reason);
                 }
             }
+            // Without an lmax: "on" if the regime lists Cf at any lmax.
+            let any = fused_faster(&table::FUSED_FASTER, Precision::Exact, cf, None, gpu);
+            let on = d.decide_backward_path(Dtype::F32, cf, Request::On);
+            let want = if any {
+                (Path::Fused, Reason::Requested)
+            } else {
+                (Path::Relay, Reason::NotFaster { cf, lmax: None })
+            };
+            assert_eq!((on.path, on.reason), want, "{gpu:?} cf {cf}");
         }
         // Kernel conditions come first: Cf 96 and f64 say why the kernels cannot serve.
         let on = d.decide_backward_path_at(Dtype::F32, 96, 3, Request::On);
         assert_eq!(on.reason, Reason::CfTooLarge { cf: 96, limit: FUSED_CF_LIMIT });
         assert_eq!(d.decide_backward_path_at(Dtype::F64, 32, 3, Request::On).reason, Reason::Dtype(Dtype::F64));
     }
-    // The shipped regime: Cf 32 lmax 1-3 on H100s, nothing generic (BENCH.md run 95).
-    let h100 = Dispatch::new(&t).with_gpu(Some("NVIDIA H100 80GB HBM3"));
-    assert!(h100.fused_faster(32, 3) && !h100.fused_faster(32, 4) && !h100.fused_faster(64, 2));
-    assert!(!Dispatch::new(&t).with_gpu(Some("NVIDIA H200")).fused_faster(32, 3));
 }
 
 #[test]

@@ -198,49 +198,54 @@ fn gpu_keyed_defaults() {
     assert!(load_err(&dir).contains("empty GPU name"));
 }
 
+/// stages.yaml with its `regime.fused_faster` list replaced by `entries`
+/// (one flow mapping per line).
+fn with_fused_faster(text: &str, entries: &[&str]) -> String {
+    let start = text.find("  fused_faster:").expect("a fused_faster list in stages.yaml");
+    let end = text[start..].find("\n\n").map_or(text.len(), |n| start + n);
+    let list: String = entries.iter().map(|e| format!("\n    - {e}")).collect();
+    format!("{}  fused_faster:{list}{}", &text[..start], &text[end..])
+}
+
 /// `regime.fused_faster`: each entry a Cf the fused stage is built for, an
 /// lmax range inside the build's, a GPU name that is not empty; entries for
-/// one GPU do not overlap. Each refusal names the entry's line and field.
+/// one GPU key and mode do not overlap. Each refusal names the entry's line
+/// and field.
 #[test]
 fn fused_faster_entries_are_checked() {
     let shipped = std::fs::read_to_string(crate_dir().join("specs/stages.yaml")).unwrap();
-    let entry = "    - {cf: 32, lmax: [1, 3], gpu: H100}\n";
-    assert!(shipped.contains(entry), "the shipped regime lists Cf 32 lmax 1-3 on H100s");
-    let at = line_with(&shipped, entry.trim());
+    let good = "{cf: 32, lmax: [1, 3], gpu: H100}";
     for (bad, needles) in [
-        ("    - {cf: 48, lmax: [1, 3], gpu: H100}\n", &["fused_faster[0].cf", "Cf 48", "no fused stage"][..]),
-        ("    - {cf: 32, lmax: [0, 3], gpu: H100}\n", &["fused_faster[0].lmax", "[0, 3]"][..]),
-        ("    - {cf: 32, lmax: [3, 2], gpu: H100}\n", &["fused_faster[0].lmax", "[3, 2]"][..]),
-        ("    - {cf: 32, lmax: [1, 7], gpu: H100}\n", &["fused_faster[0].lmax", "<= 6"][..]),
-        ("    - {cf: 32, lmax: [1, 3], gpu: ' '}\n", &["fused_faster[0].gpu", "empty GPU name"][..]),
-        ("    - {cf: 32, lmax: [1, 3], gpu: H100, tile: x}\n", &["tile"][..]),
+        ("{cf: 48, lmax: [1, 3], gpu: H100}", &["fused_faster[1].cf", "Cf 48", "no fused stage"][..]),
+        ("{cf: 32, lmax: [0, 3], gpu: H200}", &["fused_faster[1].lmax", "[0, 3]"][..]),
+        ("{cf: 32, lmax: [3, 2], gpu: H200}", &["fused_faster[1].lmax", "[3, 2]"][..]),
+        ("{cf: 32, lmax: [1, 7], gpu: H200}", &["fused_faster[1].lmax", "<= 6"][..]),
+        ("{cf: 32, lmax: [1, 3], gpu: ' '}", &["fused_faster[1].gpu", "empty GPU name"][..]),
+        ("{cf: 32, lmax: [3, 4], gpu: h100}", &["fused_faster[1].lmax", "overlaps regime.fused_faster[0]"][..]),
+        ("{cf: 32, lmax: [1, 3], precision: fp17}", &["fp17"][..]),
+        ("{cf: 32, lmax: [1, 3], tile: x}", &["tile"][..]),
     ] {
-        let dir = specs_with("stages.yaml", |t| t.replacen(entry, bad, 1));
+        let text = with_fused_faster(&shipped, &[good, bad]);
+        let dir = specs_with("stages.yaml", |_| text.clone());
         let e = load_err(&dir);
-        assert_eq!(line_of(&e, "stages.yaml"), at, "{bad}: {e}");
+        assert_eq!(line_of(&e, "stages.yaml"), line_with(&text, bad), "{bad}: {e}");
         for n in needles {
             assert!(e.contains(n), "{bad}: no {n:?} in {e}");
         }
     }
-    // overlapping ranges for one GPU (any case) are refused, on the second entry's line
-    let overlap = "    - {cf: 32, lmax: [3, 4], gpu: h100}\n";
-    let dir = specs_with("stages.yaml", |t| t.replacen(entry, &format!("{entry}{overlap}"), 1));
-    let e = load_err(&dir);
-    assert_eq!(line_of(&e, "stages.yaml"), at + 1, "{e}");
-    assert!(e.contains("fused_faster[1].lmax") && e.contains("overlaps regime.fused_faster[0]"), "{e}");
-    // ... and are fine for another GPU, for the generic list, or beside each other
+    // no overlap across GPU keys, modes, the generic list, or beside each other
     for ok in [
-        "    - {cf: 32, lmax: [3, 4], gpu: H200}\n",
-        "    - {cf: 32, lmax: [1, 6]}\n",
-        "    - {cf: 32, lmax: [4, 6], gpu: H100}\n",
+        "{cf: 32, lmax: [3, 4], gpu: H200}",
+        "{cf: 32, lmax: [1, 6]}",
+        "{cf: 32, lmax: [4, 6], gpu: H100}",
+        "{cf: 32, lmax: [1, 3], precision: fp16x3, gpu: H100}",
     ] {
-        let dir = specs_with("stages.yaml", |t| t.replacen(entry, &format!("{entry}{ok}"), 1));
-        let specs = spec::load(&dir).unwrap();
-        assert_eq!(specs.stages.regime.fused_faster.len(), 2, "{ok}");
+        let dir = specs_with("stages.yaml", |t| with_fused_faster(t, &[good, ok]));
+        assert_eq!(spec::load(&dir).unwrap().stages.regime.fused_faster.len(), 2, "{ok}");
     }
-    // none listed: an empty regime ("on" runs the relay everywhere)
+    // none listed: "on" runs the relay everywhere
     let dir = specs_with("stages.yaml", |t| {
-        t.replacen(entry, "", 1).replacen("  fused_faster:\n", "  fused_faster: []\n", 1)
+        with_fused_faster(t, &[]).replacen("  fused_faster:\n", "  fused_faster: []\n", 1)
     });
     assert!(spec::load(&dir).unwrap().stages.regime.fused_faster.is_empty());
 }

@@ -8,7 +8,7 @@ import operator
 import os
 import threading
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIB_NAME = "libmixstack.so"
 
 # include/mixstack.h

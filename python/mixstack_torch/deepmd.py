@@ -1,10 +1,10 @@
 """Run DeePMD-kit's SeZM / DPA4 mixing stacks on mixstack.
 
     import mixstack_torch.deepmd
-    mixstack_torch.deepmd.install(path="relay")   # or "fused", "auto"; before the model is built
+    mixstack_torch.deepmd.install(path="relay")   # or "fused", "fused_always", "auto"; before the model is built
     # ... build or load the DeePMD-kit model (DP_TRITON_INFER=2) and evaluate it
 
-or, with no code change, set ``MIXSTACK_DEEPMD=relay`` (``fused``, ``auto``)
+or, with no code change, set ``MIXSTACK_DEEPMD=relay`` (``fused``, ``fused_always``, ``auto``)
 in the environment: DeePMD-kit loads this package's ``deepmd.pt`` /
 ``deepmd.pt_expt`` entry point when it imports its backend, and the switch
 installs the drop-in then.
@@ -183,7 +183,7 @@ def from_environment():
     value = os.environ.get(ENV, "").strip().lower()
     if value in ("", "0", "off", "no", "false"):
         return None
-    path = {"1": "auto", "on": "auto", "yes": "auto", "true": "auto"}.get(value, value)
+    path = {"1": "auto", "on": "auto", "yes": "auto", "true": "auto", "always": "fused_always"}.get(value, value)
     if path not in PATHS:
         raise ValueError(f"{ENV}={value!r}: expected relay, fused, fused_always, auto (or 1/on), or unset/0/off")
     if UPSTREAM_MODULE in sys.modules:

@@ -434,7 +434,7 @@ def test_side_stream():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        out, z, gu, ga = op_fwd_bwd(c, True, "fused")
+        out, z, gu, ga = op_fwd_bwd(c, True, "fused_always")
     torch.cuda.current_stream().wait_stream(s)
     r_out, _, r_gu, r_ga, _, _ = ref_all(c, True, torch.float64)
     check_close("side stream", {"out": rel(out, r_out), "grad_u0": rel(gu, r_gu), "grad_alpha": rel(ga, r_ga)}, TOL_F32)

@@ -14,7 +14,7 @@ use crate::runtime::error::MixError;
 /// weights, and calls that pass them (`mixstack_stack_create_borrowing`,
 /// `mixstack_forward_w`, `mixstack_backward_w`) and `mixstack_supports`;
 /// version 1's functions are unchanged.
-pub const MIXSTACK_ABI_VERSION: c_int = 3;
+pub const MIXSTACK_ABI_VERSION: c_int = 4;
 
 /// Status codes of the C functions (`mixstack_status` in the header).
 #[repr(C)]

@@ -149,9 +149,10 @@ pub enum Reason {
     /// mode (the relay runs the call in that mode).
     Precision(Precision),
     /// Relay: "on" was requested, and the fused backward is not measured
-    /// faster than the relay at this Cf and lmax on this GPU (stages.yaml
-    /// `regime.fused_faster`); "always" would run it.
-    NotFaster { cf: u32, lmax: u32 },
+    /// faster than the relay at this Cf and lmax (`None`: at any lmax) in
+    /// this mode on this GPU (stages.yaml `regime.fused_faster`); "always"
+    /// would run it.
+    NotFaster { cf: u32, lmax: Option<u32> },
 }
 
 impl fmt::Display for Reason {
@@ -165,11 +166,14 @@ impl fmt::Display for Reason {
                 write!(f, "no accepted streaming {arch} {stage} kernel with BLOCK_K dividing Cf that fits")
             }
             Reason::Precision(p) => write!(f, "the fused backward has no {p} kernels; the relay runs {p}"),
-            Reason::NotFaster { cf, lmax } => write!(
-                f,
-                "the fused backward is not measured faster than the relay at Cf {cf} lmax {lmax} on this GPU \
-                 (stages.yaml regime.fused_faster); {FUSED_ENV}=always runs it"
-            ),
+            Reason::NotFaster { cf, lmax } => {
+                let at = lmax.map_or(String::from("any lmax"), |l| format!("lmax {l}"));
+                write!(
+                    f,
+                    "the fused backward is not measured faster than the relay at Cf {cf} {at} in this mode for \
+                     this GPU (stages.yaml regime.fused_faster); {FUSED_ENV}=always runs it"
+                )
+            }
         }
     }
 }
@@ -609,10 +613,10 @@ impl<'t> Dispatch<'t> {
 
     /// Fused or relay for one backward call: fused only if requested, dtype
     /// is f32, Cf < [`FUSED_CF_LIMIT`] and the fused stage has an accepted
-    /// streaming kernel whose BLOCK_K divides Cf. Otherwise relay, with the
+    /// streaming kernel whose BLOCK_K divides Cf, and for [`Request::On`]
+    /// the measured regime lists Cf at some lmax. Otherwise relay, with the
     /// first failed condition as the reason. Ignores lmax (and so the
-    /// shared-memory limit and the measured regime of [`Request::On`]):
-    /// see [`Dispatch::decide_backward_path_at`].
+    /// shared-memory limit): see [`Dispatch::decide_backward_path_at`].
     pub fn decide_backward_path(&self, dtype: Dtype, cf: u32, request: Request) -> PathDecision {
         self.decide(dtype, cf, None, request)
     }
@@ -625,11 +629,11 @@ impl<'t> Dispatch<'t> {
         self.decide(dtype, cf, Some(lmax), request)
     }
 
-    /// Whether stages.yaml `regime.fused_faster` lists (cf, lmax) for this
-    /// dispatch's GPU ([`Dispatch::with_gpu`]; the generic entries for a
-    /// GPU without its own, or for none).
+    /// Whether stages.yaml `regime.fused_faster` lists (cf, lmax) in this
+    /// dispatch's mode for its GPU ([`Dispatch::with_gpu`]; the generic
+    /// entries for a GPU without its own, or for none).
     pub fn fused_faster(&self, cf: u32, lmax: u32) -> bool {
-        crate::kinds::fused_faster(&table::FUSED_FASTER, cf, lmax, self.gpu)
+        crate::kinds::fused_faster(&table::FUSED_FASTER, self.precision, cf, Some(lmax), self.gpu)
     }
 
     fn decide(&self, dtype: Dtype, cf: u32, lmax: Option<u32>, request: Request) -> PathDecision {
@@ -656,10 +660,8 @@ impl<'t> Dispatch<'t> {
                 return relay(Reason::NoFusedKernel { stage, arch: self.arch });
             }
         }
-        if let (Request::On, Some(l)) = (request, lmax) {
-            if !self.fused_faster(cf, l) {
-                return relay(Reason::NotFaster { cf, lmax: l });
-            }
+        if request == Request::On && !crate::kinds::fused_faster(&table::FUSED_FASTER, precision, cf, lmax, self.gpu) {
+            return relay(Reason::NotFaster { cf, lmax });
         }
         PathDecision { path: Path::Fused, reason: Reason::Requested, precision }
     }

@@ -31,7 +31,8 @@ pub enum FusedMode {
     Off,
 }
 
-/// What one backward call asks of the fused path.
+/// What one backward call asks of the fused path: a [`FusedMode`] resolved
+/// (the environment read, for [`FusedMode::FromEnv`]), as the planner takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Request {
     /// The relay.

@@ -30,7 +30,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Print instead the steps of one forward and one backward call at
-        /// a shape (`--plan --cf 64 --fused ...`; the seed's shape at 1,000 edges by default).
+        /// a shape (`--plan --cf 64 --fused always ...`; the seed's shape at 1,000 edges by default).
         #[arg(long)]
         plan: bool,
         #[command(flatten)]

@@ -286,7 +286,11 @@ pub fn stage_roles(specs: &crate::spec::Specs) -> String {
     let _ = writeln!(s, "pub static FUSED_FASTER: [FusedFaster; {}] = [", regime.fused_faster.len());
     for x in &regime.fused_faster {
         let gpu = x.gpu.as_deref().map_or("None".to_string(), |g| format!("Some({:?})", g.trim()));
-        let _ = writeln!(s, "    FusedFaster {{ cf: {}, lmax: ({}, {}), gpu: {gpu} }},", x.cf, x.lmax[0], x.lmax[1]);
+        let _ = writeln!(
+            s,
+            "    FusedFaster {{ cf: {}, lmax: ({}, {}), precision: Precision::{:?}, gpu: {gpu} }},",
+            x.cf, x.lmax[0], x.lmax[1], x.precision
+        );
     }
     let _ = writeln!(s, "];");
     let roles = specs.roles();

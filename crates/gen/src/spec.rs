@@ -111,6 +111,9 @@ pub struct FusedFasterSpec {
     pub cf: u32,
     /// `[min, max]`, inclusive.
     pub lmax: [u32; 2],
+    /// The mode it was measured in (default exact).
+    #[serde(default)]
+    pub precision: Precision,
     #[serde(default)]
     pub gpu: Option<String>,
 }
@@ -501,7 +504,7 @@ impl Specs {
 
     /// `regime.fused_faster`: each entry a Cf the fused stage is built for,
     /// an lmax range inside the build's, a non-empty GPU name; no two
-    /// entries for one GPU (or both generic) overlap at a Cf.
+    /// entries for one GPU key (or both generic) overlap at a Cf and mode.
     fn validate_fused_faster(&self) -> Result<(), SpecError> {
         let st = &self.stages;
         let fused_cf: Vec<u32> =
@@ -528,14 +531,16 @@ impl Specs {
             if x.gpu.as_deref().is_some_and(|g| g.trim().is_empty()) {
                 return Err(self.invalid("stages.yaml", field("gpu"), "an empty GPU name"));
             }
-            if let Some(j) = list[..i]
-                .iter()
-                .position(|y| y.cf == x.cf && gpu_of(y) == gpu_of(x) && y.lmax[0] <= hi && lo <= y.lmax[1])
-            {
+            if let Some(j) = list[..i].iter().position(|y| {
+                (y.cf, y.precision) == (x.cf, x.precision)
+                    && gpu_of(y) == gpu_of(x)
+                    && y.lmax[0] <= hi
+                    && lo <= y.lmax[1]
+            }) {
                 return Err(self.invalid(
                     "stages.yaml",
                     field("lmax"),
-                    format!("overlaps regime.fused_faster[{j}] at Cf {} for the same GPU", x.cf),
+                    format!("overlaps regime.fused_faster[{j}] at Cf {} in {} for the same GPU", x.cf, x.precision),
                 ));
             }
         }

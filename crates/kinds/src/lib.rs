@@ -108,24 +108,32 @@ pub struct StageRole {
 
 /// Where the switch's "on" takes the fused backward (stages.yaml
 /// `regime.fused_faster`, generated into the kernel table): Cf, an inclusive
-/// lmax range, and the GPU it was measured on (a part of the device name;
-/// `None`: every GPU without entries of its own).
+/// lmax range, the mode it was measured in, and the GPU (a part of the
+/// device name; `None`: every GPU without entries of its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FusedFaster {
     pub cf: u32,
     pub lmax: (u32, u32),
+    pub precision: Precision,
     pub gpu: Option<&'static str>,
 }
 
-/// Whether `list` puts (cf, lmax) in the fused regime on `device` (its name;
-/// `None`: no GPU in particular). A device with entries of its own
-/// (`gpu_matches`) is judged by those only, any other by the generic ones.
-pub fn fused_faster(list: &[FusedFaster], cf: u32, lmax: u32, device: Option<&str>) -> bool {
+/// Whether `list` puts (cf, lmax) in `precision` in the measured regime on
+/// `device` (its name; `None`: no GPU in particular); `lmax` `None`: at any
+/// lmax. A device with entries of its own (`gpu_matches`; every matching
+/// key counts) is judged by those only, any other by the generic ones.
+pub fn fused_faster(
+    list: &[FusedFaster],
+    precision: Precision,
+    cf: u32,
+    lmax: Option<u32>,
+    device: Option<&str>,
+) -> bool {
     let own = |x: &FusedFaster| matches!((x.gpu, device), (Some(k), Some(d)) if gpu_matches(k, d));
     let has_own = list.iter().any(own);
     list.iter()
         .filter(|x| if has_own { own(x) } else { x.gpu.is_none() })
-        .any(|x| x.cf == cf && (x.lmax.0..=x.lmax.1).contains(&lmax))
+        .any(|x| x.precision == precision && x.cf == cf && lmax.is_none_or(|l| (x.lmax.0..=x.lmax.1).contains(&l)))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
