@@ -26,6 +26,7 @@ struct BackwardRow {
 struct FusedFasterRow {
     cf: u32,
     lmax: (u32, u32),
+    precision: Precision,
     gpu: Option<&'static str>,
 }
 
@@ -99,7 +100,7 @@ pub fn run(json: bool) -> CliResult {
     let m: Manifest = serde_json::from_str(BUILD_MANIFEST_JSON)?;
     let backward = backward_rows(&m);
     let fused_faster: Vec<FusedFasterRow> =
-        table::FUSED_FASTER.iter().map(|x| FusedFasterRow { cf: x.cf, lmax: x.lmax, gpu: x.gpu }).collect();
+        table::FUSED_FASTER.iter().map(|x| FusedFasterRow { cf: x.cf, lmax: x.lmax, precision: x.precision, gpu: x.gpu }).collect();
     if json {
         let r = ReportJson {
             instances: &m.instances,
@@ -191,7 +192,7 @@ pub fn run(json: bool) -> CliResult {
     }
     for x in &fused_faster {
         let on = x.gpu.map_or("every GPU without entries of its own".to_string(), |g| format!("GPUs named *{g}*"));
-        println!("f32  cf {:>3} lmax {}..{}: {on}", x.cf, x.lmax.0, x.lmax.1);
+        println!("f32  {:<6} cf {:>3} lmax {}..{}: {on}", x.precision.as_str(), x.cf, x.lmax.0, x.lmax.1);
     }
     Ok(())
 }
