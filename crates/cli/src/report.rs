@@ -99,8 +99,10 @@ fn opt(v: Option<u32>) -> String {
 pub fn run(json: bool) -> CliResult {
     let m: Manifest = serde_json::from_str(BUILD_MANIFEST_JSON)?;
     let backward = backward_rows(&m);
-    let fused_faster: Vec<FusedFasterRow> =
-        table::FUSED_FASTER.iter().map(|x| FusedFasterRow { cf: x.cf, lmax: x.lmax, precision: x.precision, gpu: x.gpu }).collect();
+    let fused_faster: Vec<FusedFasterRow> = table::FUSED_FASTER
+        .iter()
+        .map(|x| FusedFasterRow { cf: x.cf, lmax: x.lmax, precision: x.precision, gpu: x.gpu })
+        .collect();
     if json {
         let r = ReportJson {
             instances: &m.instances,
