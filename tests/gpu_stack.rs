@@ -529,37 +529,44 @@ fn fused_bitwise_equals_relay_every_tile() {
 /// tile of every mode the device serves, bitwise against that mode's relay.
 /// Under MIXSTACK_TEST_SMALL (the sanitizers) E = 2,001 on three blocks per
 /// launch: still many row blocks per block, so the handover runs under them.
-#[test]
-fn fused_persistent_walk_bitwise() {
-    let name = "fused_persistent_walk_bitwise";
+/// One test per Cf, so a sanitizer runs each in its own process.
+fn persistent_walk_bitwise(name: &str, cf: u32, lmax: u32) {
     let Some(g) = fused_gpu(name) else { return };
     let mut rng = rng_for(name);
     // Small (the sanitizers): three blocks per persistent launch, so 2,001
-    // rows still give each block many row blocks. Racecheck (over 300 s at
-    // 2,001 rows, BENCH.md run 102): 641 rows on two blocks, still at least
-    // three row blocks per block at m128 (the two-slot handover wraps) and a
-    // partial last one.
+    // rows still give each block many row blocks. Racecheck (past 300 s at
+    // 641 rows on two blocks with both Cf in one test, BENCH.md run 105):
+    // 385 rows on one block, which walks four row blocks at m128 (three
+    // full and one of a single row: the two-slot handover wraps twice) and
+    // more at the smaller tiles.
     let (e, cap) = match (small_mode(), race_mode()) {
-        (_, true) => (641, Some(2)),
+        (_, true) => (385, Some(1)),
         (true, false) => (2_001, Some(3)),
         _ => (100_001, None),
     };
-    for (cf, lmax) in [(32u32, 2u32), (64, 1)] {
-        let shape = Shape { f: 1, e, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
-        let p = Problem::random(&mut rng, shape, true);
-        let st = make_stack::<f32>(&g, &p);
-        st.debug_cap_blocks(cap);
-        for precision in Precision::ALL {
-            let d = st.dispatch().with_precision(precision);
-            if precision != Precision::Exact && d.check_precision(Dtype::F32, cf).is_err() {
-                continue; // a mode this device's build does not serve
-            }
-            let relay =
-                run_with(&g, &st, &p, &mode_fwd(precision), &BackwardOptions::relay().with_precision(precision))
-                    .unwrap();
-            every_fused_tile_matches(&g, &st, &p, precision, &relay);
+    let shape = Shape { f: 1, e, cf: cf as usize, lmax: lmax as usize, n_layers: 3 };
+    let p = Problem::random(&mut rng, shape, true);
+    let st = make_stack::<f32>(&g, &p);
+    st.debug_cap_blocks(cap);
+    for precision in Precision::ALL {
+        let d = st.dispatch().with_precision(precision);
+        if precision != Precision::Exact && d.check_precision(Dtype::F32, cf).is_err() {
+            continue; // a mode this device's build does not serve
         }
+        let relay =
+            run_with(&g, &st, &p, &mode_fwd(precision), &BackwardOptions::relay().with_precision(precision)).unwrap();
+        every_fused_tile_matches(&g, &st, &p, precision, &relay);
     }
+}
+
+#[test]
+fn fused_persistent_walk_bitwise_cf32() {
+    persistent_walk_bitwise("fused_persistent_walk_bitwise_cf32", 32, 2);
+}
+
+#[test]
+fn fused_persistent_walk_bitwise_cf64() {
+    persistent_walk_bitwise("fused_persistent_walk_bitwise_cf64", 64, 1);
 }
 
 fn mode_fwd(precision: Precision) -> ForwardOptions {

@@ -127,6 +127,10 @@ def test_environment_switch_installs_after_the_module_is_imported():
     )
     r = _run("fused", code)
     assert r.returncode == 0 and r.stdout.strip() == "fused", (r.stdout, r.stderr)
+    # the switch's own spelling of "always" names the same path
+    for value in ("always", "fused_always"):
+        r = _run(value, code)
+        assert r.returncode == 0 and r.stdout.strip() == "fused_always", (value, r.stdout, r.stderr)
     r = _run("0", code.replace("isinstance(m._mixing_stack_op, d.StackOp)", "m._mixing_stack_op is m.upstream").replace("print(d.installed())", "print('off')"))
     assert r.returncode == 0 and r.stdout.strip() == "off", (r.stdout, r.stderr)
     r = _run("sideways", "import mixstack_torch.deepmd_plugin")
