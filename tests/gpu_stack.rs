@@ -27,8 +27,8 @@ use mixstack::runtime::plan::GateOp;
 use mixstack::runtime::switch::FUSED_ENV;
 use mixstack::runtime::table::{Dtype, Stage};
 use mixstack::runtime::{
-    BackwardOptions, BackwardPtrs, Element, ForwardOptions, ForwardPtrs, FusedMode, GateGemm, PathDecision, Precision,
-    Stack, StackShape, PRECISION_ENV,
+    BackwardOptions, BackwardPtrs, Element, ForwardOptions, ForwardPtrs, FusedMode, GateGemm, Launched, PathDecision,
+    Precision, Stack, StackShape, PRECISION_ENV,
 };
 use mixstack_reference::reference::{self, Shape, Weights};
 use mixstack_reference::vectors;
@@ -586,7 +586,7 @@ fn every_fused_tile_matches(g: &Gpu, st: &Stack<f32>, p: &Problem, precision: Pr
             .with_tiles(TileOverride::new().with(Stage::BwdFused, k.name));
         st.set_profiling(true);
         let fused = run_with(g, st, p, &mode_fwd(precision), &opts).unwrap();
-        let ran = st.timings().unwrap().iter().any(|r| r.kernel == k.name);
+        let ran = st.timings().unwrap().iter().any(|r| r.ran == Launched::Kernel(k.name));
         st.set_profiling(false);
         let what = format!("{} with {}", p.describe(), k.name);
         assert!(ran, "{what}: the named kernel did not run");
@@ -676,7 +676,7 @@ fn every_tile_bitwise(g: &Gpu, p: &Problem, stages: &[Stage]) {
             st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::relay().with_tiles(bwd)).unwrap();
         let what = format!("{} with {used:?}", p.describe());
         // The overrides took effect: every named kernel launched.
-        let ran: Vec<&str> = st.timings().unwrap().iter().map(|k| k.kernel).collect();
+        let ran: Vec<&str> = st.timings().unwrap().iter().filter_map(|k| k.ran.kernel()).collect();
         for name in &used {
             assert!(ran.contains(name), "{name} did not run: {what}");
         }
@@ -949,17 +949,20 @@ fn fp16x3_matches_reference() {
         st.set_profiling(false);
         let cublas = [GateOp::Projection.label(), GateOp::LogitContraction.label()];
         for k in &ran {
-            // From Cf 96 the gate contractions run on cuBLAS (exact fp32):
-            // profiled under their labels, not kernel names.
-            let Some(e) = st.dispatch().by_name(k.kernel) else {
-                assert!(cublas.contains(&k.kernel), "{what}: {} ran, neither a kernel nor a gate GEMM", k.kernel);
-                continue;
+            // From Cf 96 the gate contractions run on cuBLAS (exact fp32).
+            let name = match k.ran {
+                Launched::Kernel(name) => name,
+                Launched::Library(label) => {
+                    assert!(cublas.contains(&label), "{what}: {label} ran, not a gate GEMM");
+                    continue;
+                }
             };
+            let Some(e) = st.dispatch().by_name(name) else { panic!("{what}: {name} ran, not in the kernel table") };
             let want_p = match e.geometry {
                 mixstack::runtime::table::Geometry::Gemm { .. } => Precision::Fp16x3,
                 mixstack::runtime::table::Geometry::Rows { .. } => Precision::Exact,
             };
-            assert_eq!(e.geometry.precision(), want_p, "{what}: {} ran", k.kernel);
+            assert_eq!(e.geometry.precision(), want_p, "{what}: {name} ran");
         }
         let fused = BackwardOptions::fused_always().with_precision(Precision::Fp16x3);
         let f = run_with(&g, &st, &p, &x3_fwd(), &fused).unwrap();
@@ -1376,7 +1379,7 @@ fn profiling_records_each_launch() {
     let _ = run(&g, &st, &p, &BackwardOptions::relay()).unwrap();
     assert!(st.timings().unwrap().is_empty());
     for k in &t {
-        println!("{:>16} {:>8.4} ms  {}", k.stage.as_str(), k.ms, k.kernel);
+        println!("{:>16} {:>8.4} ms  {}", k.stage.as_str(), k.ms, k.ran);
     }
 }
 

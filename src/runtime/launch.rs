@@ -98,17 +98,44 @@ pub fn dynamic_smem(entry: &KernelEntry, lg: usize) -> u64 {
     entry.smem_fixed as u64 + entry.smem_per_lg as u64 * lg as u64
 }
 
+/// What one profiled launch ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Launched {
+    /// A generated kernel, by its canonical name.
+    Kernel(&'static str),
+    /// A library call (cuBLAS's gate GEMMs), by its label.
+    Library(&'static str),
+}
+
+impl Launched {
+    /// The canonical name, for a generated kernel.
+    pub fn kernel(self) -> Option<&'static str> {
+        match self {
+            Launched::Kernel(name) => Some(name),
+            Launched::Library(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Launched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Launched::Kernel(name) | Launched::Library(name) => f.write_str(name),
+        }
+    }
+}
+
 /// Per-kernel time of one launch, from an event pair around it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTiming {
     pub stage: Stage,
-    pub kernel: &'static str,
+    pub ran: Launched,
     pub ms: f32,
 }
 
 struct Timed {
     stage: Stage,
-    kernel: &'static str,
+    ran: Launched,
     start: CudaEvent,
     end: CudaEvent,
 }
@@ -170,8 +197,8 @@ impl Kernels {
         recorded
             .into_iter()
             .map(|t| {
-                let ms = t.start.elapsed_ms(&t.end).during(|| format!("timing kernel {}", t.kernel))?;
-                Ok(KernelTiming { stage: t.stage, kernel: t.kernel, ms })
+                let ms = t.start.elapsed_ms(&t.end).during(|| format!("timing {}", t.ran))?;
+                Ok(KernelTiming { stage: t.stage, ran: t.ran, ms })
             })
             .collect()
     }
@@ -282,7 +309,7 @@ impl Kernels {
         })?;
         if let Some((start, end)) = events {
             if let Some(v) = lock(&self.profile).as_mut() {
-                v.push(Timed { stage: entry.stage, kernel: entry.name, start, end });
+                v.push(Timed { stage: entry.stage, ran: Launched::Kernel(entry.name), start, end });
             }
         }
         Ok(())
@@ -309,7 +336,7 @@ impl Kernels {
         work()?;
         end.record(stream).during(|| format!("recording a timing event for {name}"))?;
         if let Some(v) = lock(&self.profile).as_mut() {
-            v.push(Timed { stage, kernel: name, start, end });
+            v.push(Timed { stage, ran: Launched::Library(name), start, end });
         }
         Ok(())
     }

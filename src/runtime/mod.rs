@@ -45,7 +45,7 @@ pub use dispatch::{Dispatch, DispatchChoice, Path, PathDecision, Reason, TileOve
 pub use element::Element;
 pub use error::{MixError, ShapeParam};
 pub use gate_blas::{GateBlas, GateGemm, GATE_BLAS_MIN_CF};
-pub use launch::KernelTiming;
+pub use launch::{KernelTiming, Launched};
 pub use memory::CallMemory;
 pub use precision::{parse_precision, PrecisionMode, PRECISION_ENV};
 pub use shape::StackShape;

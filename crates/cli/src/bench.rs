@@ -559,11 +559,7 @@ fn parse_overrides(v: &str, overrides: &str) -> Result<(String, TileOverride), S
 type KernelRows = Vec<(String, String, f64)>;
 
 fn kernel_rows(stack: &Stack<f32>) -> Result<KernelRows, Box<dyn std::error::Error>> {
-    Ok(stack
-        .timings()?
-        .into_iter()
-        .map(|k| (k.stage.as_str().to_string(), k.kernel.to_string(), k.ms as f64))
-        .collect())
+    Ok(stack.timings()?.into_iter().map(|k| (k.stage.as_str().to_string(), k.ran.to_string(), k.ms as f64)).collect())
 }
 
 /// Per gated layer, the fused kernel's time and the relay's GEMM time (both

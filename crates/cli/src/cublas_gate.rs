@@ -86,7 +86,7 @@ pub fn time(
         stack.set_generated_gate(false);
         ran?;
         let t = t?;
-        let first = |s: Stage| t.iter().find(|k| k.stage == s).map(|k| (k.ms as f64, k.kernel.to_string()));
+        let first = |s: Stage| t.iter().find(|k| k.stage == s).map(|k| (k.ms as f64, k.ran.to_string()));
         let (Some((tr, nr)), Some((tq, nq))) = (first(Stage::BwdRecompute), first(Stage::BwdPointwise)) else {
             return Err("--cublas-gate needs a gated layer (n_layers >= 2)".into());
         };
