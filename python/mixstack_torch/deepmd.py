@@ -38,6 +38,7 @@ import warnings
 import torch
 
 from . import ops  # noqa: F401  (registers mixstack::stack)
+from .ops import _refuse_forward_mode
 from ._lib import PATHS, _load, supports
 
 UPSTREAM_MODULE = "deepmd.kernels.triton.sezm.so2_value_path"
@@ -92,6 +93,7 @@ class StackOp:
         self.path, self.upstream = path, upstream
 
     def __call__(self, u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha):
+        _refuse_forward_mode(u0=u0, alpha=alpha, w0_all=w0_all, w1_all=w1_all, gw_all=gw_all)
         why = _refusal(u0, w0_all, lmax, focus_dim)
         if why is not None:
             _say(why)

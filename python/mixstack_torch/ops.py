@@ -21,6 +21,7 @@ import ctypes
 import operator
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from . import _ext
 from . import _lib as _libmod
@@ -194,6 +195,19 @@ def _no_second_derivative(ctx, *grads):
 torch.library.register_autograd("mixstack::stack_bwd", _no_second_derivative, setup_context=lambda ctx, inputs, output: None)
 
 
+def _refuse_forward_mode(**tensors):
+    """NotImplementedError if a tensor carries a forward-mode tangent
+    (``torch.func.jvp``, ``jacfwd``, dual tensors): the op has no
+    forward-mode derivative, and torch would drop the tangent silently
+    (a zero tangent, not an error) where no input requires grad."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and fwAD.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"mixstack_stack: `{name}` carries a forward-mode tangent (torch.func.jvp, jacfwd or a dual "
+                "tensor): forward-mode AD is not supported"
+            )
+
+
 def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alpha, path="auto"):
     """The SO(2) mixing stack (docs/MIXING_STACK.md) on CUDA through mixstack
     (``torch.ops.mixstack.stack``).
@@ -219,8 +233,9 @@ def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alp
     backward). The weights get **None**, even when they require grad: do not
     use this op to train the weights. One derivative only: differentiating
     the gradients again (``create_graph=True`` then a second grad) raises;
-    forward-mode AD (``torch.func.jvp``, dual tensors) is not supported and
-    must not be used (its tangents are not computed). ``grad_alpha`` is
+    forward-mode AD (``torch.func.jvp``, ``jacfwd``, dual tensors) raises
+    NotImplementedError here (a direct ``torch.ops.mixstack.stack`` call
+    under ``torch.func.jvp`` is not caught: torch drops the tangent). ``grad_alpha`` is
     ``sum(grad_out * out) / max(alpha, 1e-12)`` as upstream, i.e. exact for
     alpha > 0, and zeros when ``apply_alpha`` is false.
 
@@ -232,6 +247,7 @@ def mixstack_stack(u0, alpha, w0_all, w1_all, gw_all, lmax, focus_dim, apply_alp
     build (Cf, lmax, F the kernels were not generated for). Failures of the
     library itself (the driver, a missing libmixstack.so) raise RuntimeError.
     """
+    _refuse_forward_mode(u0=u0, alpha=alpha, w0_all=w0_all, w1_all=w1_all, gw_all=gw_all)
     try:
         lmax, focus_dim = operator.index(lmax), operator.index(focus_dim)
     except TypeError:

@@ -92,6 +92,14 @@ def test_install_swaps_and_falls_back_with_a_reason():
         said = [str(x.message) for x in w]
         assert len(said) == 1 and "48" in said[0], said  # once per reason
         assert list(dropin.fallbacks().values()) == [2]
+        # Forward mode (torch.func.jvp) is refused, not answered with a zero tangent.
+        op = mod._mixing_stack_op
+        try:
+            torch.func.jvp(lambda u: op(u, alpha, *ws, 3, 32, True)[0], (u0,), (torch.ones_like(u0),))
+        except NotImplementedError as e:
+            assert "forward-mode" in str(e), e
+        else:
+            raise AssertionError("torch.func.jvp through the drop-in was accepted")
         dropin.uninstall()
         assert mod._mixing_stack_op is mod.upstream and dropin.installed() is None
         assert relay_op.path == "relay", "uninstall leaves models built with the drop-in alone"

@@ -246,15 +246,27 @@ def test_second_derivatives_are_refused():
 
 def test_dual_tensors_are_refused():
     # forward_ad's dual tensors: the op has no forward-mode derivative, and
-    # its tangent came back None, silently. (torch.func.jvp is not caught:
-    # python/README.md says forward mode is unsupported.)
+    # its tangent came back None, silently.
     import torch.autograd.forward_ad as fwAD
+
+    import mixstack_torch as mt
 
     u0, alpha, w0, w1, gw = _problem(torch.float64, True)
     with fwAD.dual_level():
         d = fwAD.make_dual(u0, torch.ones_like(u0))
         _refused("dual u0", lambda: torch.ops.mixstack.stack(d, alpha, w0, w1, gw, L, CF, True, "auto"),
                  NotImplementedError, ["forward-mode AD is not supported"])
+    # torch.func.jvp / jacfwd through the Python entry points: torch's
+    # autograd wrapper ran the op without its autograd (no input requires
+    # grad) and returned a zero tangent. (A direct torch.ops call under
+    # torch.func.jvp is not caught: the tangent never reaches the op.)
+    f = lambda u: mt.mixstack_stack(u, alpha, w0, w1, gw, L, CF, True)[0]  # noqa: E731
+    needles = ["`u0` carries a forward-mode tangent", "not supported"]
+    _refused("torch.func.jvp", lambda: torch.func.jvp(f, (u0,), (torch.ones_like(u0),)), NotImplementedError, needles)
+    _refused("torch.func.jacfwd", lambda: torch.func.jacfwd(f)(u0), NotImplementedError, needles)
+    g = lambda a: mt.mixstack_stack(u0, a, w0, w1, gw, L, CF, True)[0]  # noqa: E731
+    _refused("jvp in alpha", lambda: torch.func.jvp(g, (alpha,), (torch.ones_like(alpha),)), NotImplementedError,
+             ["`alpha` carries a forward-mode tangent"])
 
 
 def test_the_op_library_cache_survives_concurrent_builds_and_damage():
