@@ -227,18 +227,22 @@ fn fused_faster_lookup() {
     assert!(!fused_faster(&list[..1], Precision::Exact, 32, Some(3), h200), "no generic entries: nothing elsewhere");
 }
 
-/// "On" takes the fused backward inside the regime generated from
-/// stages.yaml for the dispatch's GPU, the relay elsewhere (reason
-/// NotFaster, checked after every kernel condition); "always" wherever the
-/// kernels serve; "off" never.
+/// "On" takes the fused backward inside the dispatch's regime for its GPU
+/// (here a list of the test's own, so both outcomes occur whatever
+/// stages.yaml lists), the relay elsewhere (reason NotFaster, checked
+/// after every kernel condition); "always" wherever the kernels serve;
+/// "off" never. A dispatch without a list of its own judges by the build's.
 #[test]
 fn decision_on_follows_the_measured_regime() {
     let t = full_table();
-    for gpu in [Some("NVIDIA H100 80GB HBM3"), Some("NVIDIA H200"), Some("NVIDIA B200"), None] {
-        let d = Dispatch::new(&t).with_gpu(gpu);
+    let x = |cf, lmax, gpu| FusedFaster { cf, lmax, precision: Precision::Exact, gpu };
+    let list = [x(32, (1, 3), Some("H100")), x(64, (2, 2), Some("H100")), x(32, (2, 4), None)];
+    for gpu in [Some("NVIDIA H100 80GB HBM3"), Some("NVIDIA H200"), None] {
+        let d = Dispatch::new(&t).with_gpu(gpu).with_fused_faster(&list);
+        let (mut fused, mut relay) = (0, 0);
         for cf in [32u32, 64] {
             for lmax in 1..=6u32 {
-                let listed = fused_faster(&table::FUSED_FASTER, Precision::Exact, cf, Some(lmax), gpu);
+                let listed = fused_faster(&list, Precision::Exact, cf, Some(lmax), gpu);
                 assert_eq!(d.fused_faster(cf, lmax), listed);
                 let on = d.decide_backward_path_at(Dtype::F32, cf, lmax, Request::On);
                 let always = d.decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always);
@@ -247,8 +251,10 @@ fn decision_on_follows_the_measured_regime() {
                 assert_eq!((always.path, always.reason), (Path::Fused, Reason::Requested), "{what}");
                 assert_eq!((off.path, off.reason), (Path::Relay, Reason::NotRequested), "{what}");
                 if listed {
+                    fused += 1;
                     assert_eq!((on.path, on.reason), (Path::Fused, Reason::Requested), "{what}");
                 } else {
+                    relay += 1;
                     assert_eq!(
                         (on.path, on.reason),
                         (Path::Relay, Reason::NotFaster { cf, lmax: Some(lmax) }),
@@ -258,7 +264,7 @@ fn decision_on_follows_the_measured_regime() {
                 }
             }
             // Without an lmax: "on" if the regime lists Cf at any lmax.
-            let any = fused_faster(&table::FUSED_FASTER, Precision::Exact, cf, None, gpu);
+            let any = fused_faster(&list, Precision::Exact, cf, None, gpu);
             let on = d.decide_backward_path(Dtype::F32, cf, Request::On);
             let want = if any {
                 (Path::Fused, Reason::Requested)
@@ -267,10 +273,22 @@ fn decision_on_follows_the_measured_regime() {
             };
             assert_eq!((on.path, on.reason), want, "{gpu:?} cf {cf}");
         }
+        // The H100 by its own entries (4 points), the others by the generic one (3).
+        let want_fused = if gpu.is_some_and(|g| g.contains("H100")) { 4 } else { 3 };
+        assert_eq!((fused, relay), (want_fused, 12 - want_fused), "{gpu:?}");
+        // In another mode the exact entries do not count.
+        let x3 = d.with_precision(Precision::Fp16x3);
+        assert!(!x3.fused_faster(32, 3), "{gpu:?}");
         // Kernel conditions come first: Cf 96 and f64 say why the kernels cannot serve.
         let on = d.decide_backward_path_at(Dtype::F32, 96, 3, Request::On);
         assert_eq!(on.reason, Reason::CfTooLarge { cf: 96, limit: FUSED_CF_LIMIT });
         assert_eq!(d.decide_backward_path_at(Dtype::F64, 32, 3, Request::On).reason, Reason::Dtype(Dtype::F64));
+    }
+    // The build's regime by default.
+    for (cf, lmax) in [(32, 1), (32, 3), (32, 4), (64, 2)] {
+        let gpu = Some("NVIDIA H100 80GB HBM3");
+        let built = fused_faster(&table::FUSED_FASTER, Precision::Exact, cf, Some(lmax), gpu);
+        assert_eq!(Dispatch::new(&t).with_gpu(gpu).fused_faster(cf, lmax), built);
     }
 }
 

@@ -33,7 +33,7 @@ use super::error::{MixError, ShapeParam};
 use super::launch::dynamic_smem;
 use super::switch::{Request, FUSED_ENV};
 use super::table::{
-    self, Arch, Dtype, Geometry, KernelEntry, Layers, Pass, Precision, Serves, Stage, StageRole, Variant,
+    self, Arch, Dtype, FusedFaster, Geometry, KernelEntry, Layers, Pass, Precision, Serves, Stage, StageRole, Variant,
 };
 
 /// The fused backward supports Cf below this only (stages.yaml
@@ -248,6 +248,8 @@ pub struct Dispatch<'t> {
     arch: Arch,
     /// The arithmetic of the GEMM stages' kernels (row stages: exact).
     precision: Precision,
+    /// Where "on" takes the fused backward (the build's `FUSED_FASTER`).
+    fused_faster: &'t [FusedFaster],
 }
 
 impl Dispatch<'static> {
@@ -288,8 +290,8 @@ fn dispatchable(e: &KernelEntry) -> bool {
 
 impl<'t> Dispatch<'t> {
     /// Dispatch over `entries` by the rules alone (no dispatch rows), with
-    /// the build's `LMAX_RANGE`, no shared-memory limit, for the newest arch
-    /// the entries have.
+    /// the build's `LMAX_RANGE` and measured regime (`FUSED_FASTER`), no
+    /// shared-memory limit, for the newest arch the entries have.
     pub fn new(entries: &'t [KernelEntry]) -> Self {
         let arch = entries.iter().map(|e| e.arch).max().unwrap_or(Arch::Sm90);
         Dispatch {
@@ -299,6 +301,7 @@ impl<'t> Dispatch<'t> {
             gpu: None,
             arch,
             precision: Precision::Exact,
+            fused_faster: &table::FUSED_FASTER,
         }
     }
     /// The archs the entries are built for, oldest first.
@@ -384,7 +387,6 @@ impl<'t> Dispatch<'t> {
         let arch = self.arch;
         self.entries.iter().filter(move |e| e.arch == arch)
     }
-    /// Use the build's per-(stage, dtype, cf, lmax) choices (indices into `entries`).
     /// Replace the supported lmax range (inclusive).
     pub fn with_lmax_range(mut self, range: (u32, u32)) -> Self {
         self.lmax_range = range;
@@ -398,6 +400,11 @@ impl<'t> Dispatch<'t> {
     }
     pub fn entries(&self) -> &'t [KernelEntry] {
         self.entries
+    }
+    /// Judge "on" by `list` instead of the build's regime.
+    pub fn with_fused_faster(mut self, list: &'t [FusedFaster]) -> Self {
+        self.fused_faster = list;
+        self
     }
     pub fn lmax_range(&self) -> (u32, u32) {
         self.lmax_range
@@ -633,7 +640,12 @@ impl<'t> Dispatch<'t> {
     /// dispatch's mode for its GPU ([`Dispatch::with_gpu`]; the generic
     /// entries for a GPU without its own, or for none).
     pub fn fused_faster(&self, cf: u32, lmax: u32) -> bool {
-        crate::kinds::fused_faster(&table::FUSED_FASTER, self.precision, cf, Some(lmax), self.gpu)
+        self.listed(cf, Some(lmax))
+    }
+
+    /// The regime lookup at one lmax, or at any (`None`).
+    fn listed(&self, cf: u32, lmax: Option<u32>) -> bool {
+        crate::kinds::fused_faster(self.fused_faster, self.precision, cf, lmax, self.gpu)
     }
 
     fn decide(&self, dtype: Dtype, cf: u32, lmax: Option<u32>, request: Request) -> PathDecision {
@@ -660,7 +672,7 @@ impl<'t> Dispatch<'t> {
                 return relay(Reason::NoFusedKernel { stage, arch: self.arch });
             }
         }
-        if request == Request::On && !crate::kinds::fused_faster(&table::FUSED_FASTER, precision, cf, lmax, self.gpu) {
+        if request == Request::On && !self.listed(cf, lmax) {
             return relay(Reason::NotFaster { cf, lmax });
         }
         PathDecision { path: Path::Fused, reason: Reason::Requested, precision }
