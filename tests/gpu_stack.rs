@@ -927,7 +927,11 @@ fn x3_fwd() -> ForwardOptions {
 /// any row block, outputs poisoned: relative L2 within 1e-6 (issue 20), or,
 /// where the exact f32 path on the same inputs is itself past 1e-6 (deep
 /// lmax, large activations: run 98 met 1.33e-6 on grad_u0 at lmax 6), within
-/// 2x of the exact path's error: the mode's contract is fp32's accuracy.
+/// 4x of the exact path's error: the mode's contract is fp32's accuracy, and
+/// its split keeps 22 of an operand's 24 significant bits (4x fp32's unit
+/// roundoff per product), which shows where few products meet one output:
+/// at E = 1, x100, fp16x3 / exact reached 3.5x on grad_u0 and 2.7x on
+/// grad_alpha (BENCH.md runs 109, 111; 2x failed there).
 /// In the mode every fused fp16x3 tile gives the relay's bits (Cf < 96;
 /// above, the relay runs and says why).
 #[test]
@@ -966,8 +970,8 @@ fn fp16x3_matches_reference() {
         {
             println!("  {what}: {name} rel L2 {x:.2e} (exact f32 {e:.2e})");
             // 1e-6 where f32 itself holds it; else f32's own error on these
-            // inputs, with room for the two roundings' independent draws.
-            assert!(x <= 1e-6f64.max(2.0 * e), "{what}: {name} rel L2 {x:e}, exact f32 {e:e}");
+            // inputs times the split's 2^2 (see above).
+            assert!(x <= 1e-6f64.max(4.0 * e), "{what}: {name} rel L2 {x:e}, exact f32 {e:e}");
         }
         // The GEMMs ran the mode's kernels, the row stages exact ones.
         st.set_profiling(true);
