@@ -8,7 +8,8 @@
 # against fused benches (REPS each), PREC_BENCH="seed" the same in both
 # precision modes (exact, fp16x3) side by side, TILES="seed cf64 f1" every fused tile
 # matching MATCH against the relay (scripts/fused-tiles.sh), SWEEP=1 the Cf x
-# lmax sweep (scripts/fused-sweep.sh; EXTRA="tile ..." adds tiles there, raise SWEEP_S), TUNE="seed" mixstack tune --write and
+# lmax sweep and the switch's regime (mixstack tune --regime; SWEEP_TILES="tile ..." the sweep with those
+# tiles beside the default, scripts/fused-sweep.sh; raise SWEEP_S), TUNE="seed" mixstack tune --write and
 # its winners against the defaults (scripts/tune-check.sh), PROBE=1 a short fused bench first
 # that ends the call if it fails, PROBE_TILES=1 each fused tile (matching MATCH) alone
 # at the seed under a 30 s timeout, bitwise against the relay, DEEPMD="args" the DeePMD-kit end to end (scripts/deepmd-e2e-on-device.sh;
@@ -110,7 +111,12 @@ for p in ${TUNE:-}; do
   grep -E "^# tune|^winner|^\+ |^bench|^[a-z].*median|EQUAL|DIFFER" "$OUT/r/tune_check_$p.out" | head -60
 done
 if [ "${SWEEP:-0}" = 1 ]; then
-  OUT=$OUT/r REPS="${SWEEP_REPS:-5}" timeout "${SWEEP_S:-240}" bash scripts/fused-sweep.sh | tee "$OUT/r/sweep.md"
+  # the switch's regime on this GPU: relay against fused over Cf x lmax
+  timeout "${SWEEP_S:-240}" .device/mixstack tune --regime --reps "${SWEEP_REPS:-5}" 2>&1 | tee "$OUT/r/regime.md"
+fi
+if [ -n "${SWEEP_TILES:-}" ]; then
+  # the same sweep with more fused tiles beside the default
+  OUT=$OUT/r REPS="${SWEEP_REPS:-5}" EXTRA="$SWEEP_TILES" timeout "${SWEEP_S:-240}" bash scripts/fused-sweep.sh | tee "$OUT/r/sweep.md"
 fi
 if [ "${PY:-1}" = 1 ]; then
   OUT=$OUT/r timeout "${PY_S:-240}" bash scripts/on-device.sh python > "$OUT/r/python.out" 2>&1; echo "python rc=$?"

@@ -6,13 +6,11 @@
 # point (e.g. EXTRA="m64_n64_k16_t8x4_s2_b4_ps m64_n64_k32_t8x4_s2_b2_px":
 # the stream and split tiles beside the default; a tile that does not fit a
 # point's shared memory is left out there, and its column says so).
-# Last, the stages.yaml `regime.fused_faster` entries the sweep supports on
-# this GPU: the lmax runs where fused / relay <= KEEP (default 0.98, a
-# margin for run-to-run spread), to paste in by hand after reading the table.
-# Usage: [REPS=N] [EXTRA=...] [KEEP=x] scripts/fused-sweep.sh (binaries staged in .device/).
+# The switch's regime from the same sweep (default tiles): `mixstack tune
+# --regime` (device-check.sh SWEEP=1), which prints stages.yaml's entries.
+# Usage: [REPS=N] [EXTRA=...] scripts/fused-sweep.sh (binaries staged in .device/).
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT"
-: > "$OUT/sweep_ratios.txt"
 if [ -f .device/bundle.tar.xz ] && [ ! -x .device/mixstack ]; then tar -C .device -xJf .device/bundle.tar.xz && mv .device/bin/* .device/; fi
 read -ra extra <<< "${EXTRA:-}"
 head="| Cf | lmax | relay bwd ms | fused bwd ms | fused / relay |"
@@ -43,26 +41,6 @@ for t in extra:
     m = b.get(f"fused:bwd_fused=ms_bwd_fused_f32_cf{cf}_{t}")
     cols.append(f"{m / r:.3f}" if m else "left out")
 print(f"| {cf} | {l} | {r:.3f} | {f:.3f} | {f / r:.3f} | " + "".join(c + " | " for c in cols) + f"{'EQUAL' if eq else eq} |")
-if eq:
-    with open(j.rsplit("/", 1)[0] + "/sweep_ratios.txt", "a") as o:
-        o.write(f"{cf} {l} {f / r:.4f} {d['device']}\n")
 PY
   done
 done
-python3 - "$OUT/sweep_ratios.txt" "${KEEP:-0.98}" <<'PY'
-import sys
-rows = [l.split(maxsplit=3) for l in open(sys.argv[1]) if l.strip()]
-keep = float(sys.argv[2])
-print(f"\nregime.fused_faster entries (fused / relay <= {keep}, bitwise EQUAL):")
-runs = []
-for cf, l, ratio, dev in rows:
-    ok = float(ratio) <= keep
-    if ok and runs and runs[-1][0] == cf and runs[-1][2] == int(l) - 1:
-        runs[-1][2] = int(l)
-    elif ok:
-        runs.append([cf, int(l), int(l), dev.strip()])
-for cf, lo, hi, dev in runs:
-    print(f"    - {{cf: {cf}, lmax: [{lo}, {hi}], gpu: {dev}}}")
-if not runs:
-    print("    (none: \"on\" should run the relay everywhere on this GPU)")
-PY

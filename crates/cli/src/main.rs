@@ -3,6 +3,7 @@
 mod bench;
 mod cublas_gate;
 mod plan;
+mod regime;
 mod report;
 mod tune;
 mod verify;
@@ -46,6 +47,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Time every accepted tile of each stage on this GPU (bitwise checked
     /// against the default); `--write` records the winners in specs/tiles.yaml.
+    /// `--regime`: relay against fused over Cf x lmax, and where the switch's
+    /// "on" should take the fused backward here (`--write`: specs/stages.yaml).
     Tune(tune::TuneArgs),
 }
 
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Some(Command::Report { json, .. }) => report::run(json),
         Some(Command::Verify { vectors }) => verify::run(vectors.as_deref()),
         Some(Command::Bench(args)) => bench::run(&args),
+        Some(Command::Tune(args)) if args.regime => regime::run(&args),
         Some(Command::Tune(args)) => tune::run(&args),
         None => report::run(false).and_then(|_| verify::run(None)).and_then(|_| bench::run_default()),
     };

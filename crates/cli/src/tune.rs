@@ -37,6 +37,16 @@ pub struct TuneArgs {
     /// The specs directory --write edits.
     #[arg(long, default_value = "specs")]
     pub specs: PathBuf,
+    /// Instead of tiles: relay against fused backward over every Cf x lmax
+    /// the fused path serves, at --preset's F, E and layers (default seed),
+    /// and the switch's regime on this GPU (`--write`: into
+    /// specs/stages.yaml `regime.fused_faster`).
+    #[arg(long)]
+    pub regime: bool,
+    /// With --regime: the largest fused / relay that enters the regime (a
+    /// margin for run-to-run spread).
+    #[arg(long, default_value_t = 0.98)]
+    pub keep: f64,
 }
 
 /// One stage's result: (name, median ms, bitwise equal to the default).
@@ -47,7 +57,7 @@ struct Row {
 }
 
 /// The GPU key a write uses: the device name without the vendor ("H200").
-fn gpu_key(device: &str) -> String {
+pub(crate) fn gpu_key(device: &str) -> String {
     device.trim_start_matches("NVIDIA ").trim().to_string()
 }
 

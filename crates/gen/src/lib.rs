@@ -13,6 +13,7 @@ pub mod layout;
 pub mod locate;
 pub mod params;
 pub mod pipeline;
+pub mod regime;
 pub mod render;
 pub mod snapshot;
 pub mod spec;

@@ -1,0 +1,169 @@
+//! `mixstack tune --regime`: where the switch's "on" should take the fused
+//! backward on this GPU. At one workload's F, E, layers and alpha, every Cf
+//! the fused backward serves x every lmax of the build: the relay and the
+//! fused backward ("always", default tiles) interleaved on the same inputs,
+//! checked bit for bit. Prints a row per point and the stages.yaml
+//! `regime.fused_faster` entries the sweep supports (fused / relay <=
+//! `--keep`, the relay's bits); `--write` puts them in place of this GPU's
+//! entries (mixstack_gen::regime: one line per entry, everything else kept).
+
+use std::io::Write as _;
+use std::time::Instant;
+
+use mixstack::kinds::{Dtype, Precision};
+use mixstack::runtime::device::compute_capability;
+use mixstack::runtime::dispatch::{Dispatch, Path};
+use mixstack::runtime::{open_device, BackwardOptions, Request};
+use mixstack_gen::regime::{entries, line, write, Point};
+use rand::{rngs::StdRng as SmallRng, SeedableRng};
+
+use super::bench::{bitwise_equal, interleaved, median, Problem, Stream};
+use super::tune::{gpu_key, TuneArgs};
+use super::workload::{preset, Workload};
+use super::CliResult;
+
+/// The workload whose F, E, layers and alpha the sweep keeps: `--preset`
+/// (default seed), `--no-alpha`; Cf and lmax are swept, so the other shape
+/// flags are refused.
+fn base(args: &TuneArgs) -> Result<Workload, String> {
+    let s = &args.shape;
+    if s.focus.is_some() || s.edges.is_some() || s.cf.is_some() || s.lmax.is_some() || s.layers.is_some() {
+        return Err(
+            "--regime sweeps Cf and lmax at a preset's F, E and layers: give --preset (default seed), not shape flags"
+                .into(),
+        );
+    }
+    if !args.stages.is_empty() {
+        return Err("--regime times the whole backward, relay against fused: --stages does not apply".into());
+    }
+    if !(args.keep > 0.0 && args.keep <= 1.0) {
+        return Err(format!(
+            "--keep {}: need 0 < keep <= 1 (fused / relay at most this to enter the regime)",
+            args.keep
+        ));
+    }
+    let w = preset(s.preset.as_deref().unwrap_or("seed"))?;
+    Ok(Workload { apply_alpha: w.apply_alpha && !s.no_alpha, ..w })
+}
+
+pub fn run(args: &TuneArgs) -> CliResult {
+    let w0 = base(args)?;
+    if args.reps == 0 {
+        return Err("--reps must be at least 1".into());
+    }
+    let ctx = open_device(0).map_err(|e| format!("tune needs a CUDA GPU: {e}"))?;
+    let device = ctx.name().unwrap_or_else(|_| "unknown".into());
+    let gpu = gpu_key(&device);
+    let stream: Stream = ctx.default_stream();
+    let precision = Precision::Exact; // the switch's regime is measured in the exact mode
+    let (mut points, mut swept) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    let relay = BackwardOptions::relay().with_precision(precision);
+    let fused = BackwardOptions::fused_always().with_precision(precision);
+    println!(
+        "# regime on {device}: F={} E={} n_layers={} alpha={}, relay against fused (always, default tiles), {} reps, keep <= {}",
+        w0.f, w0.e, w0.n_layers, w0.apply_alpha, args.reps, args.keep
+    );
+    println!(
+        "| Cf | lmax | relay bwd ms | fused bwd ms | fused / relay | bitwise |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    // The Cf the fused backward serves on this arch and the build's lmax;
+    // each point's stack judges its own shared memory.
+    let d = Dispatch::builtin().for_device(compute_capability(&ctx)?)?;
+    let (lo, hi) = d.lmax_range();
+    let cfs: Vec<u32> = d
+        .cfs(Dtype::F32)
+        .into_iter()
+        .filter(|&cf| d.decide_backward_path(Dtype::F32, cf, Request::Always).path == Path::Fused)
+        .collect();
+    for &cf in &cfs {
+        swept.push(cf);
+        for lmax in lo..=hi {
+            let w = Workload { cf: cf as usize, lmax: lmax as usize, ..w0 };
+            let mut rng = SmallRng::seed_from_u64(0x5e << 40 | (cf as u64) << 8 | lmax as u64);
+            let Problem { stack, u0, grad_out, alpha, .. } = Problem::random(&stream, &w, &mut rng)?;
+            let served = stack.dispatch().decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always);
+            if served.path != Path::Fused {
+                println!("| {cf} | {lmax} | | | not served: {} | |", served.reason);
+                points.push(Point { cf, lmax, ratio: None, bitwise_equal: false });
+                continue;
+            }
+            let (out, z_all) = stack.forward(&stream, &u0, &alpha, w.apply_alpha)?;
+            let opts = [&relay, &fused];
+            let grads = |o: &BackwardOptions| -> Result<Vec<Vec<f32>>, Box<dyn std::error::Error>> {
+                let (gu, ga, _) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, o)?;
+                Ok(vec![stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?])
+            };
+            let equal = bitwise_equal(&grads(&relay)?, &grads(&fused)?);
+            let mut ms = interleaved(&stream, 2, args.reps, &mut |v| {
+                stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts[v])?;
+                Ok(())
+            })?;
+            let (r, f) = (median(&mut ms[0]), median(&mut ms[1]));
+            let bits = if equal { "EQUAL" } else { "DIFFER (never in the regime)" };
+            println!("| {cf} | {lmax} | {r:.3} | {f:.3} | {:.3} | {bits} |", f / r);
+            std::io::stdout().flush()?;
+            points.push(Point { cf, lmax, ratio: Some(f / r), bitwise_equal: equal });
+        }
+    }
+    let found = entries(&points, args.keep, &gpu, precision);
+    println!(
+        "\n# {:.0} s; regime.fused_faster entries for {gpu:?} (fused / relay <= {}, bitwise equal):",
+        started.elapsed().as_secs_f64(),
+        args.keep
+    );
+    for e in &found {
+        println!("{}", line(e, "    "));
+    }
+    if found.is_empty() {
+        println!("    (none: \"on\" runs the relay everywhere on this GPU)");
+    }
+    if args.write {
+        let path = args.specs.join("stages.yaml");
+        let before = std::fs::read_to_string(&path)?;
+        let after = write(&before, &gpu, precision, &swept, &found)?;
+        // the result must still be a spec that loads
+        let read = |f: &str| std::fs::read_to_string(args.specs.join(f));
+        mixstack_gen::spec::from_texts(&args.specs, [read("ops.yaml")?, after.clone(), read("tiles.yaml")?])?;
+        std::fs::write(&path, &after)?;
+        println!("\nwrote {} (GPU {gpu:?}); `cargo build` makes it the switch's regime:", path.display());
+        let (old, new): (Vec<&str>, Vec<&str>) = (before.lines().collect(), after.lines().collect());
+        for l in old.iter().filter(|l| !new.contains(l)) {
+            println!("- {l}");
+        }
+        for l in new.iter().filter(|l| !old.contains(l)) {
+            println!("+ {l}");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::WorkloadArgs;
+
+    fn args(shape: WorkloadArgs) -> TuneArgs {
+        TuneArgs { shape, stages: vec![], reps: 4, write: false, specs: "specs".into(), regime: true, keep: 0.98 }
+    }
+
+    #[test]
+    fn the_base_workload_and_refusals() {
+        let w = base(&args(WorkloadArgs::default())).unwrap();
+        assert_eq!((w.f, w.e, w.n_layers, w.apply_alpha), (2, 646_000, 3, true));
+        let f1 = base(&args(WorkloadArgs { preset: Some("f1".into()), ..Default::default() })).unwrap();
+        assert_eq!((f1.f, f1.apply_alpha), (1, false));
+        let no_alpha = base(&args(WorkloadArgs { no_alpha: true, ..Default::default() })).unwrap();
+        assert!(!no_alpha.apply_alpha);
+        let e = base(&args(WorkloadArgs { cf: Some(32), ..Default::default() })).unwrap_err();
+        assert!(e.contains("--regime sweeps Cf and lmax"), "{e}");
+        let e = base(&args(WorkloadArgs { preset: Some("big".into()), ..Default::default() })).unwrap_err();
+        assert!(e.contains("unknown preset"), "{e}");
+        let e = base(&TuneArgs { stages: vec!["bwd_gemm".into()], ..args(WorkloadArgs::default()) }).unwrap_err();
+        assert!(e.contains("--stages"), "{e}");
+        for keep in [0.0, 1.5, f64::NAN] {
+            let e = base(&TuneArgs { keep, ..args(WorkloadArgs::default()) }).unwrap_err();
+            assert!(e.contains("--keep"), "{e}");
+        }
+    }
+}
