@@ -112,7 +112,7 @@ for p in ${TUNE:-}; do
 done
 if [ "${SWEEP:-0}" = 1 ]; then
   # the switch's regime on this GPU: relay against fused over Cf x lmax
-  timeout "${SWEEP_S:-240}" .device/mixstack tune --regime --reps "${SWEEP_REPS:-5}" 2>&1 | tee "$OUT/r/regime.md"
+  timeout "${SWEEP_S:-420}" .device/mixstack tune --regime --reps "${SWEEP_REPS:-5}" 2>&1 | tee "$OUT/r/regime.md"
 fi
 if [ -n "${SWEEP_TILES:-}" ]; then
   # the same sweep with more fused tiles beside the default

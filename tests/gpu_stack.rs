@@ -536,9 +536,9 @@ fn persistent_walk_bitwise(name: &str, cf: u32, lmax: u32) {
     // Small (the sanitizers): three blocks per persistent launch, so 2,001
     // rows still give each block many row blocks. Racecheck (past 300 s at
     // 641 rows on two blocks with both Cf in one test, BENCH.md run 105):
-    // 385 rows on one block, which walks four row blocks at m128 (three
-    // full and one of a single row: the two-slot handover wraps twice) and
-    // more at the smaller tiles.
+    // 385 rows on one block, which walks 13 row blocks at m32 and 7 at m64
+    // (the last of a single row), so the rings and the two-slot handover
+    // wrap several times; and a subset of the tiles (below).
     let (e, cap) = match (small_mode(), race_mode()) {
         (_, true) => (385, Some(1)),
         (true, false) => (2_001, Some(3)),
@@ -576,34 +576,40 @@ fn mode_fwd(precision: Precision) -> ForwardOptions {
 /// Every fused tile of `precision` usable at the problem's key, named in
 /// turn: each runs (its kernel in the call's profile), takes the fused path
 /// and gives `relay`'s bits (the relay of the same mode, same inputs).
-/// `one_per_pipe`: only the smallest row block of each pipe (the most row
-/// blocks per persistent block, so the most handovers): racecheck on the
-/// persistent walk never finished over all ten tiles of a Cf (BENCH.md runs
-/// 102, 105); every tile runs under it in
-/// `fused_bitwise_equals_relay_every_tile`.
+/// `race_subset` (racecheck, which never finished the persistent walk over
+/// all ten tiles of a Cf: BENCH.md runs 102, 105): the mode's default tile,
+/// and per (pipe, ring depth) the smallest row block (the most row blocks
+/// per persistent block, so the most handovers). Every exact tile also runs
+/// under racecheck in `fused_bitwise_equals_relay_every_tile` and every
+/// fp16x3 one in `fp16x3_matches_reference`, at 70 rows without the walk.
 fn every_fused_tile_matches(
     g: &Gpu,
     st: &Stack<f32>,
     p: &Problem,
     precision: Precision,
     relay: &Got<f32>,
-    one_per_pipe: bool,
+    race_subset: bool,
 ) {
     let (cf, lmax) = (p.shape.cf as u32, p.shape.lmax as u32);
-    let mut tiles = st.dispatch().with_precision(precision).candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
+    let d = st.dispatch().with_precision(precision);
+    let mut tiles = d.candidates_at(Stage::BwdFused, Dtype::F32, cf, lmax);
     assert!(!tiles.is_empty(), "no usable {precision} fused kernels at Cf {cf} lmax {lmax}");
-    if one_per_pipe {
-        let pipe = |k: &KernelEntry| match k.geometry {
-            Geometry::Gemm { pipe, .. } => Some(pipe),
+    if race_subset {
+        let ring = |k: &KernelEntry| match k.geometry {
+            Geometry::Gemm { pipe, stages, .. } => Some((pipe, stages)),
             Geometry::Rows { .. } => None,
         };
         let mut picked: Vec<&KernelEntry> = Vec::new();
         for k in tiles {
-            match picked.iter_mut().find(|q| pipe(q) == pipe(k)) {
+            match picked.iter_mut().find(|q| ring(q) == ring(k)) {
                 Some(q) if k.geometry.rows() < q.geometry.rows() => *q = k,
                 Some(_) => {}
                 None => picked.push(k),
             }
+        }
+        let default = d.default_for(Stage::BwdFused, Dtype::F32, cf, lmax).expect("a default where tiles are usable");
+        if !picked.iter().any(|k| k.name == default.name) {
+            picked.push(default);
         }
         tiles = picked;
     }
@@ -927,11 +933,12 @@ fn x3_fwd() -> ForwardOptions {
 /// any row block, outputs poisoned: relative L2 within 1e-6 (issue 20), or,
 /// where the exact f32 path on the same inputs is itself past 1e-6 (deep
 /// lmax, large activations: run 98 met 1.33e-6 on grad_u0 at lmax 6), within
-/// 4x of the exact path's error: the mode's contract is fp32's accuracy, and
-/// its split keeps 22 of an operand's 24 significant bits (4x fp32's unit
-/// roundoff per product), which shows where few products meet one output:
-/// at E = 1, x100, fp16x3 / exact reached 3.5x on grad_u0 and 2.7x on
-/// grad_alpha (BENCH.md runs 109, 111; 2x failed there).
+/// 2x of the exact path's error: the mode's contract is fp32's accuracy.
+/// The contract is a relative L2 over a problem's outputs; one edge's few
+/// outputs are a sample of one cancellation, in either mode (at E = 1, x100,
+/// fp16x3 / exact f32 drew 3.5x, 2.7x, 12x and 0.3x on one output or
+/// another in BENCH.md runs 109-111), so a problem of fewer than 64 rows is held to
+/// the sanity bound the exact path is, and x100 also runs at 301 edges.
 /// In the mode every fused fp16x3 tile gives the relay's bits (Cf < 96;
 /// above, the relay runs and says why).
 #[test]
@@ -942,6 +949,7 @@ fn fp16x3_matches_reference() {
     let shapes = [
         (Shape { f: 2, e: 333, cf: 32, lmax: 3, n_layers: 3 }, 1.0f32),
         (Shape { f: 1, e: 1, cf: 32, lmax: 2, n_layers: 2 }, 1e2),
+        (Shape { f: 2, e: 301, cf: 32, lmax: 2, n_layers: 3 }, 1e2),
         (Shape { f: 2, e: 77, cf: 64, lmax: 2, n_layers: 3 }, 1e-3),
         (Shape { f: 1, e: 200, cf: 32, lmax: 6, n_layers: 2 }, 3e1),
         (Shape { f: 2, e: 77, cf: 96, lmax: 1, n_layers: 3 }, 1e-2),
@@ -970,8 +978,10 @@ fn fp16x3_matches_reference() {
         {
             println!("  {what}: {name} rel L2 {x:.2e} (exact f32 {e:.2e})");
             // 1e-6 where f32 itself holds it; else f32's own error on these
-            // inputs times the split's 2^2 (see above).
-            assert!(x <= 1e-6f64.max(4.0 * e), "{what}: {name} rel L2 {x:e}, exact f32 {e:e}");
+            // inputs, with room for the two roundings' independent draws.
+            // Under 64 rows, the sanity bound (see above).
+            let bound = if p.shape.f * p.shape.e >= 64 { 1e-6f64.max(2.0 * e) } else { 10.0 * TOL_F32 };
+            assert!(x <= bound, "{what}: {name} rel L2 {x:e}, exact f32 {e:e}, bound {bound:e}");
         }
         // The GEMMs ran the mode's kernels, the row stages exact ones.
         st.set_profiling(true);

@@ -262,14 +262,14 @@ fn a_measured_regime_writes_into_the_shipped_specs() {
     let pt = |cf, lmax, ratio| Point { cf, lmax, ratio: Some(ratio), bitwise_equal: true };
     let points = [pt(32, 1, 0.9), pt(32, 2, 0.9), pt(32, 3, 1.01), pt(32, 4, 0.97), pt(64, 1, 1.2)];
     let found = entries(&points, 0.98, "H200", Precision::Exact);
-    let text = write(&shipped, "H200", Precision::Exact, &[32, 64], &found).unwrap();
+    let text = write(&shipped, "NVIDIA H200", Precision::Exact, &[32, 64], &found).unwrap();
     let dir = specs_with("stages.yaml", |_| text.clone());
     let after = spec::load(&dir).unwrap().stages.regime.fused_faster;
     let h200: Vec<[u32; 2]> = after.iter().filter(|x| x.gpu.as_deref() == Some("H200")).map(|x| x.lmax).collect();
     assert_eq!(h200, [[1, 2], [4, 4]]);
     assert_eq!(after.len(), before.len() + 2, "the other GPUs' entries are kept");
     // Written again, the same sweep changes nothing; the diff is the entries only.
-    assert_eq!(write(&text, "H200", Precision::Exact, &[32, 64], &found).unwrap(), text);
+    assert_eq!(write(&text, "NVIDIA H200", Precision::Exact, &[32, 64], &found).unwrap(), text);
     let added: Vec<&str> = text.lines().filter(|l| !shipped.lines().any(|o| o == *l)).collect();
     assert_eq!(added, ["    - {cf: 32, lmax: [1, 2], gpu: H200}", "    - {cf: 32, lmax: [4, 4], gpu: H200}"]);
 }

@@ -52,7 +52,9 @@ pub fn run(args: &TuneArgs) -> CliResult {
         return Err("--reps must be at least 1".into());
     }
     let ctx = open_device(0).map_err(|e| format!("tune needs a CUDA GPU: {e}"))?;
-    let device = ctx.name().unwrap_or_else(|_| "unknown".into());
+    let device = ctx.name().map_err(|e| {
+        format!("tune --regime keys its entries by the GPU's name, which the driver did not give: {e:?}")
+    })?;
     let gpu = gpu_key(&device);
     let stream: Stream = ctx.default_stream();
     let precision = Precision::Exact; // the switch's regime is measured in the exact mode
@@ -95,6 +97,9 @@ pub fn run(args: &TuneArgs) -> CliResult {
                 Ok(vec![stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?])
             };
             let equal = bitwise_equal(&grads(&relay)?, &grads(&fused)?);
+            if stack.last_path().map(|d| d.path) != Some(Path::Fused) {
+                return Err(format!("Cf {cf} lmax {lmax}: the fused backward was requested but did not run").into());
+            }
             let mut ms = interleaved(&stream, 2, args.reps, &mut |v| {
                 stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts[v])?;
                 Ok(())
@@ -116,17 +121,21 @@ pub fn run(args: &TuneArgs) -> CliResult {
         println!("{}", line(e, "    "));
     }
     if found.is_empty() {
-        println!("    (none: \"on\" runs the relay everywhere on this GPU)");
+        println!("    (none: \"on\" runs the relay on this GPU, or the entries without `gpu` where there are any)");
     }
     if args.write {
         let path = args.specs.join("stages.yaml");
         let before = std::fs::read_to_string(&path)?;
-        let after = write(&before, &gpu, precision, &swept, &found)?;
+        let after = write(&before, &device, precision, &swept, &found)?;
         // the result must still be a spec that loads
         let read = |f: &str| std::fs::read_to_string(args.specs.join(f));
         mixstack_gen::spec::from_texts(&args.specs, [read("ops.yaml")?, after.clone(), read("tiles.yaml")?])?;
         std::fs::write(&path, &after)?;
-        println!("\nwrote {} (GPU {gpu:?}); `cargo build` makes it the switch's regime:", path.display());
+        println!(
+            "\nwrote {} (GPU {gpu:?}); `MIXSTACK_BLESS=1 cargo build --release` makes it the switch's regime and \
+             blesses the snapshot (commit specs/ and generated-tests/ together):",
+            path.display()
+        );
         let (old, new): (Vec<&str>, Vec<&str>) = (before.lines().collect(), after.lines().collect());
         for l in old.iter().filter(|l| !new.contains(l)) {
             println!("- {l}");

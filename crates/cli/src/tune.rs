@@ -45,7 +45,7 @@ pub struct TuneArgs {
     pub regime: bool,
     /// With --regime: the largest fused / relay that enters the regime (a
     /// margin for run-to-run spread).
-    #[arg(long, default_value_t = 0.98)]
+    #[arg(long, default_value_t = 0.98, requires = "regime")]
     pub keep: f64,
 }
 

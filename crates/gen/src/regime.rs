@@ -5,7 +5,7 @@
 //! kept, so the diff a reviewer reads is the regime's change only. The
 //! caller checks the result by parsing the specs again.
 
-use crate::kinds::Precision;
+use crate::kinds::{gpu_matches, Precision};
 use crate::spec::FusedFasterSpec;
 
 /// One swept point: fused / relay backward medians at (Cf, lmax), and
@@ -44,13 +44,21 @@ pub fn entries(points: &[Point], keep: f64, gpu: &str, precision: Precision) -> 
     out
 }
 
-/// The list line of an entry, in the file's flow style.
+/// The list line of an entry, in the file's flow style (a GPU name with a
+/// character YAML reads as syntax is quoted).
 pub fn line(e: &FusedFasterSpec, indent: &str) -> String {
     let prec = match e.precision {
         Precision::Exact => String::new(),
         p => format!(", precision: {p}"),
     };
-    let gpu = e.gpu.as_deref().map_or(String::new(), |g| format!(", gpu: {g}"));
+    let quote = |g: &str| {
+        if g.contains(|c| ":#,[]{}'\"&*!|>%@`".contains(c)) {
+            format!("'{}'", g.replace('\'', "''"))
+        } else {
+            g.to_string()
+        }
+    };
+    let gpu = e.gpu.as_deref().map_or(String::new(), |g| format!(", gpu: {}", quote(g)));
     format!("{indent}- {{cf: {}, lmax: [{}, {}]{prec}{gpu}}}", e.cf, e.lmax[0], e.lmax[1])
 }
 
@@ -69,32 +77,43 @@ fn indent_of(l: &str) -> usize {
     l.len() - l.trim_start().len()
 }
 
+/// A line without its comment and trailing blanks (no key here holds `#`).
+fn code(l: &str) -> &str {
+    l.split('#').next().unwrap_or("").trim_end()
+}
+
 /// `text` (stages.yaml) with `new` in place of the `regime.fused_faster`
-/// entries for `gpu` (the same key, without case) in `precision` at the Cf
-/// in `swept`; `new` goes after the list's last remaining entry.
+/// entries that judge `device` (every key [`gpu_matches`] its name, as the
+/// runtime reads them) in `precision` at the Cf in `swept`; `new` goes
+/// after the list's last remaining entry. Line endings are kept.
 pub fn write(
     text: &str,
-    gpu: &str,
+    device: &str,
     precision: Precision,
     swept: &[u32],
     new: &[FusedFasterSpec],
 ) -> Result<String, WriteError> {
+    debug_assert!(new.iter().all(|e| e.precision == precision
+        && swept.contains(&e.cf)
+        && e.gpu.as_deref().is_some_and(|g| gpu_matches(g, device))));
+    let eol = if text.contains("\r\n") { "\r\n" } else { "\n" };
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    let regime = lines.iter().position(|l| l.trim_end() == "regime:").ok_or(WriteError::NoList)?;
-    let in_regime = |l: &String| l.is_empty() || l.starts_with(' ') || l.starts_with('#');
+    let regime = lines.iter().position(|l| code(l) == "regime:").ok_or(WriteError::NoList)?;
+    let in_regime = |l: &String| l.trim().is_empty() || l.starts_with(' ') || l.starts_with('#');
     let regime_end = (regime + 1..lines.len()).find(|&i| !in_regime(&lines[i])).unwrap_or(lines.len());
     let head = (regime + 1..regime_end)
-        .find(|&i| matches!(lines[i].trim(), "fused_faster:" | "fused_faster: []"))
+        .find(|&i| matches!(code(&lines[i]).trim_start(), "fused_faster:" | "fused_faster: []"))
         .ok_or(WriteError::NoList)?;
     let key_indent = indent_of(&lines[head]);
-    lines[head] = format!("{}fused_faster:", " ".repeat(key_indent));
-    // The list: the lines after the key indented past it, comments and
-    // blank lines, up to the regime's next key.
+    // The list: the lines after the key indented past it (or items at its
+    // own indent, YAML's indentless sequence), comments and blank lines, up
+    // to the regime's next key.
     let mut end = head + 1;
     while end < regime_end {
         let l = &lines[end];
         let t = l.trim();
-        if !(t.is_empty() || t.starts_with('#') || indent_of(l) > key_indent) {
+        let item = indent_of(l) > key_indent || (indent_of(l) == key_indent && t.starts_with('-'));
+        if !(t.is_empty() || t.starts_with('#') || item) {
             break;
         }
         end += 1;
@@ -111,8 +130,8 @@ pub fn write(
         let parsed: FusedFasterSpec =
             serde_yaml::from_str(body).map_err(|_| WriteError::Unreadable { line: head + 2 + i, text: l.clone() })?;
         entry_indent = " ".repeat(indent_of(l));
-        let same_gpu = parsed.gpu.as_deref().is_some_and(|g| g.trim().eq_ignore_ascii_case(gpu.trim()));
-        if same_gpu && parsed.precision == precision && swept.contains(&parsed.cf) {
+        let judges = parsed.gpu.as_deref().is_some_and(|g| gpu_matches(g, device));
+        if judges && parsed.precision == precision && swept.contains(&parsed.cf) {
             continue; // replaced by this sweep
         }
         keep.push(l.clone());
@@ -121,10 +140,14 @@ pub fn write(
     let at = last_entry.unwrap_or(0);
     let added: Vec<String> = new.iter().map(|e| line(e, &entry_indent)).collect();
     keep.splice(at..at, added);
+    let empty = !keep.iter().any(|l| l.trim_start().starts_with('-'));
+    let suffix = if empty { " []" } else { "" };
+    let comment = lines[head].find('#').map_or(String::new(), |i| format!("  {}", &lines[head][i..]));
+    lines[head] = format!("{}fused_faster:{suffix}{comment}", " ".repeat(key_indent));
     lines.splice(head + 1..end, keep);
-    let mut out = lines.join("\n");
+    let mut out = lines.join(eol);
     if text.ends_with('\n') {
-        out.push('\n');
+        out.push_str(eol);
     }
     Ok(out)
 }
@@ -153,40 +176,72 @@ mod tests {
         assert_eq!(line(&x3, ""), "- {cf: 32, lmax: [1, 2], precision: fp16x3, gpu: H200}");
     }
 
-    const TEXT: &str = "lmax: {min: 1, max: 6}\nregime:\n  fused_cf_below: 96\n  # the regime\n  fused_faster:\n    - {cf: 32, lmax: [1, 3], gpu: H100 80GB HBM3}  # run 95\n    - {cf: 32, lmax: [1, 2], gpu: h200}\n    - {cf: 64, lmax: [1, 1], gpu: H200, precision: fp16x3}\n    - {cf: 64, lmax: [2, 2], gpu: H200}\n\n  cublas_gate_from_cf: 96\n\nstages: []\n";
+    const TEXT: &str = "lmax: {min: 1, max: 6}\nregime:\n  fused_cf_below: 96\n  # the regime\n  fused_faster:  # measured\n    - {cf: 32, lmax: [1, 3], gpu: H100 80GB HBM3}  # run 95\n    - {cf: 32, lmax: [1, 2], gpu: h200}\n    # an H20 entry: its key is part of \"NVIDIA H200\" too\n    - {cf: 32, lmax: [5, 5], gpu: H20}\n    - {cf: 64, lmax: [1, 1], gpu: H200, precision: fp16x3}\n    - {cf: 64, lmax: [2, 2], gpu: H200}\n\n  cublas_gate_from_cf: 96\n\nstages: []\n";
+
+    fn h200(cf: u32, lmax: [u32; 2]) -> FusedFasterSpec {
+        FusedFasterSpec { cf, lmax, precision: Precision::Exact, gpu: Some("H200".into()) }
+    }
 
     #[test]
-    fn replaces_this_gpus_entries_only() {
-        let new = [FusedFasterSpec { cf: 32, lmax: [1, 4], precision: Precision::Exact, gpu: Some("H200".into()) }];
-        let got = write(TEXT, "H200", Precision::Exact, &[32, 64], &new).unwrap();
-        let want = "lmax: {min: 1, max: 6}\nregime:\n  fused_cf_below: 96\n  # the regime\n  fused_faster:\n    - {cf: 32, lmax: [1, 3], gpu: H100 80GB HBM3}  # run 95\n    - {cf: 64, lmax: [1, 1], gpu: H200, precision: fp16x3}\n    - {cf: 32, lmax: [1, 4], gpu: H200}\n\n  cublas_gate_from_cf: 96\n\nstages: []\n";
+    fn replaces_the_entries_that_judge_this_gpu() {
+        // Every key the runtime matches to "NVIDIA H200" goes (h200, H20),
+        // in this mode at the swept Cf; the rest stays, line for line.
+        let got = write(TEXT, "NVIDIA H200", Precision::Exact, &[32, 64], &[h200(32, [1, 4])]).unwrap();
+        let want = "lmax: {min: 1, max: 6}\nregime:\n  fused_cf_below: 96\n  # the regime\n  fused_faster:  # measured\n    - {cf: 32, lmax: [1, 3], gpu: H100 80GB HBM3}  # run 95\n    # an H20 entry: its key is part of \"NVIDIA H200\" too\n    - {cf: 64, lmax: [1, 1], gpu: H200, precision: fp16x3}\n    - {cf: 32, lmax: [1, 4], gpu: H200}\n\n  cublas_gate_from_cf: 96\n\nstages: []\n";
         assert_eq!(got, want);
-        // A Cf not swept keeps its entries; nothing faster removes the rest.
-        let got = write(TEXT, "H200", Precision::Exact, &[32], &[]).unwrap();
+        // A Cf not swept keeps its entries.
+        let got = write(TEXT, "NVIDIA H200", Precision::Exact, &[32], &[]).unwrap();
         assert!(got.contains("{cf: 64, lmax: [2, 2], gpu: H200}") && !got.contains("gpu: h200}"), "{got}");
-        // Another GPU: its entries appended, nothing else touched.
-        let got = write(TEXT, "H20", Precision::Exact, &[32, 64], &new).unwrap();
-        assert_eq!(got.lines().count(), TEXT.lines().count() + 1);
+        // Another GPU: its entry appended after the last, nothing else touched.
+        let h20 = FusedFasterSpec { gpu: Some("H20".into()), ..h200(64, [3, 3]) };
+        let got = write(TEXT, "NVIDIA H20", Precision::Exact, &[64], &[h20]).unwrap();
+        let want = TEXT.replace(
+            "    - {cf: 64, lmax: [2, 2], gpu: H200}\n",
+            "    - {cf: 64, lmax: [2, 2], gpu: H200}\n    - {cf: 64, lmax: [3, 3], gpu: H20}\n",
+        );
+        assert_eq!(got, want);
+        // Nothing faster and nothing left: an empty list, the comment kept.
+        let got = write(TEXT, "NVIDIA H200 H100 80GB HBM3", Precision::Exact, &[32, 64], &[]).unwrap();
+        assert!(
+            got.contains("  fused_faster:  # measured\n    # an H20") && got.contains("precision: fp16x3"),
+            "{got}"
+        );
+        let got = write(&got, "NVIDIA H200", Precision::Fp16x3, &[64], &[]).unwrap();
+        assert!(got.contains("  fused_faster: []  # measured\n"), "{got}");
+    }
+
+    #[test]
+    fn line_endings_indentless_lists_and_quoting() {
+        let crlf = TEXT.replace('\n', "\r\n");
+        let got = write(&crlf, "NVIDIA H200", Precision::Exact, &[32, 64], &[h200(32, [1, 4])]).unwrap();
+        assert_eq!(got.matches("\r\n").count(), got.matches('\n').count(), "CRLF kept");
+        let lf = write(TEXT, "NVIDIA H200", Precision::Exact, &[32, 64], &[h200(32, [1, 4])]).unwrap();
+        assert_eq!(got, lf.replace('\n', "\r\n"));
+        // YAML's indentless sequence: items at the key's own indent.
+        let text = "regime:\n  fused_faster:\n  - {cf: 32, lmax: [1, 2], gpu: H200}\n  - {cf: 64, lmax: [1, 2], gpu: H100}\n  cublas_gate_from_cf: 96\n";
+        let got = write(text, "NVIDIA H200", Precision::Exact, &[32], &[h200(32, [2, 3])]).unwrap();
+        assert_eq!(got, "regime:\n  fused_faster:\n  - {cf: 64, lmax: [1, 2], gpu: H100}\n  - {cf: 32, lmax: [2, 3], gpu: H200}\n  cublas_gate_from_cf: 96\n");
+        let odd = FusedFasterSpec { gpu: Some("A100: it's".into()), ..h200(32, [1, 1]) };
+        let l = line(&odd, "");
+        assert_eq!(l, "- {cf: 32, lmax: [1, 1], gpu: 'A100: it''s'}");
+        let back: FusedFasterSpec = serde_yaml::from_str(l.trim_start_matches('-')).unwrap();
+        assert_eq!(back, odd);
     }
 
     #[test]
     fn an_empty_list_and_bad_texts() {
-        let text = "regime:\n  fused_faster: []\n  cublas_gate_from_cf: 96\n";
-        let new = [FusedFasterSpec { cf: 32, lmax: [2, 3], precision: Precision::Exact, gpu: Some("H200".into()) }];
-        let got = write(text, "H200", Precision::Exact, &[32], &new).unwrap();
+        let text = "regime:  # where\n  fused_faster: []\n  cublas_gate_from_cf: 96\n";
+        let got = write(text, "NVIDIA H200", Precision::Exact, &[32], &[h200(32, [2, 3])]).unwrap();
         assert_eq!(
             got,
-            "regime:\n  fused_faster:\n    - {cf: 32, lmax: [2, 3], gpu: H200}\n  cublas_gate_from_cf: 96\n"
+            "regime:  # where\n  fused_faster:\n    - {cf: 32, lmax: [2, 3], gpu: H200}\n  cublas_gate_from_cf: 96\n"
         );
-        assert_eq!(write("stages: []\n", "H200", Precision::Exact, &[32], &new), Err(WriteError::NoList));
-        assert_eq!(
-            write("regime:\n  fused_cf_below: 96\n", "H200", Precision::Exact, &[32], &new),
-            Err(WriteError::NoList)
-        );
+        let new = [h200(32, [2, 3])];
+        assert_eq!(write("stages: []\n", "NVIDIA H200", Precision::Exact, &[32], &new), Err(WriteError::NoList));
+        let no_list = "regime:\n  fused_cf_below: 96\n";
+        assert_eq!(write(no_list, "NVIDIA H200", Precision::Exact, &[32], &new), Err(WriteError::NoList));
         let bad = "regime:\n  fused_faster:\n    - cf: 32\n      lmax: [1, 2]\n";
-        assert!(matches!(
-            write(bad, "H200", Precision::Exact, &[32], &new),
-            Err(WriteError::Unreadable { line: 3, .. })
-        ));
+        let e = write(bad, "NVIDIA H200", Precision::Exact, &[32], &new);
+        assert!(matches!(e, Err(WriteError::Unreadable { line: 3, .. })), "{e:?}");
     }
 }
