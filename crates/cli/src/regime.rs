@@ -78,38 +78,36 @@ pub fn run(args: &TuneArgs) -> CliResult {
         .into_iter()
         .filter(|&cf| d.decide_backward_path(Dtype::F32, cf, Request::Always).path == Path::Fused)
         .collect();
+    let mut failed = 0;
     for &cf in &cfs {
         swept.push(cf);
         for lmax in lo..=hi {
             let w = Workload { cf: cf as usize, lmax: lmax as usize, ..w0 };
-            let mut rng = SmallRng::seed_from_u64(0x5e << 40 | (cf as u64) << 8 | lmax as u64);
-            let Problem { stack, u0, grad_out, alpha, .. } = Problem::random(&stream, &w, &mut rng)?;
-            let served = stack.dispatch().decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always);
-            if served.path != Path::Fused {
-                println!("| {cf} | {lmax} | | | not served: {} | |", served.reason);
-                points.push(Point { cf, lmax, ratio: None, bitwise_equal: false });
-                continue;
-            }
-            let (out, z_all) = stack.forward(&stream, &u0, &alpha, w.apply_alpha)?;
-            let opts = [&relay, &fused];
-            let grads = |o: &BackwardOptions| -> Result<Vec<Vec<f32>>, Box<dyn std::error::Error>> {
-                let (gu, ga, _) = stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, o)?;
-                Ok(vec![stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?])
+            let ratio = match measure(&stream, &w, args.reps, [&relay, &fused]) {
+                Ok(Measured::Timed { relay: r, fused: f, equal }) => {
+                    let bits = if equal { "EQUAL" } else { "DIFFER (never in the regime)" };
+                    println!("| {cf} | {lmax} | {r:.3} | {f:.3} | {:.3} | {bits} |", f / r);
+                    Some((f / r, equal))
+                }
+                Ok(Measured::NotServed(why)) => {
+                    println!("| {cf} | {lmax} | | | not served: {why} | |");
+                    None
+                }
+                // A point too large for this GPU's memory, or a fault: out
+                // of the regime, the others still measured.
+                Err(e) => {
+                    failed += 1;
+                    println!("| {cf} | {lmax} | | | failed: {e} | |");
+                    None
+                }
             };
-            let equal = bitwise_equal(&grads(&relay)?, &grads(&fused)?);
-            if stack.last_path().map(|d| d.path) != Some(Path::Fused) {
-                return Err(format!("Cf {cf} lmax {lmax}: the fused backward was requested but did not run").into());
-            }
-            let mut ms = interleaved(&stream, 2, args.reps, &mut |v| {
-                stack.backward(&stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts[v])?;
-                Ok(())
-            })?;
-            let (r, f) = (median(&mut ms[0]), median(&mut ms[1]));
-            let bits = if equal { "EQUAL" } else { "DIFFER (never in the regime)" };
-            println!("| {cf} | {lmax} | {r:.3} | {f:.3} | {:.3} | {bits} |", f / r);
             std::io::stdout().flush()?;
-            points.push(Point { cf, lmax, ratio: Some(f / r), bitwise_equal: equal });
+            let (ratio, bitwise_equal) = ratio.map_or((None, false), |(r, eq)| (Some(r), eq));
+            points.push(Point { cf, lmax, ratio, bitwise_equal });
         }
+    }
+    if failed > 0 {
+        println!("\n# {failed} points failed (above): they are left out of the regime");
     }
     let found = entries(&points, args.keep, &gpu, precision);
     println!(
@@ -122,6 +120,12 @@ pub fn run(args: &TuneArgs) -> CliResult {
     }
     if found.is_empty() {
         println!("    (none: \"on\" runs the relay on this GPU, or the entries without `gpu` where there are any)");
+    }
+    if args.write && failed > 0 {
+        return Err(format!(
+            "{failed} points failed (above): nothing written, since they would drop this GPU's entries there"
+        )
+        .into());
     }
     if args.write {
         let path = args.specs.join("stages.yaml");
@@ -145,6 +149,46 @@ pub fn run(args: &TuneArgs) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// One point's outcome.
+enum Measured {
+    /// Backward medians in ms, and whether the fused bits are the relay's.
+    Timed { relay: f64, fused: f64, equal: bool },
+    /// The fused path does not serve this shape here (the reason).
+    NotServed(String),
+}
+
+/// Relay against fused at one workload: a random problem, its forward, each
+/// backward once for the bits, then `reps` interleaved timings.
+fn measure(
+    stream: &Stream,
+    w: &Workload,
+    reps: usize,
+    [relay, fused]: [&BackwardOptions; 2],
+) -> Result<Measured, Box<dyn std::error::Error>> {
+    let (cf, lmax) = (w.cf as u32, w.lmax as u32);
+    let mut rng = SmallRng::seed_from_u64(0x5e << 40 | (cf as u64) << 8 | lmax as u64);
+    let Problem { stack, u0, grad_out, alpha, .. } = Problem::random(stream, w, &mut rng)?;
+    let served = stack.dispatch().decide_backward_path_at(Dtype::F32, cf, lmax, Request::Always);
+    if served.path != Path::Fused {
+        return Ok(Measured::NotServed(served.reason.to_string()));
+    }
+    let (out, z_all) = stack.forward(stream, &u0, &alpha, w.apply_alpha)?;
+    let grads = |o: &BackwardOptions| -> Result<Vec<Vec<f32>>, Box<dyn std::error::Error>> {
+        let (gu, ga, _) = stack.backward(stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, o)?;
+        Ok(vec![stream.clone_dtoh(&gu)?, stream.clone_dtoh(&ga)?])
+    };
+    let equal = bitwise_equal(&grads(relay)?, &grads(fused)?);
+    if stack.last_path().map(|d| d.path) != Some(Path::Fused) {
+        return Err("the fused backward was requested but did not run".into());
+    }
+    let opts = [relay, fused];
+    let mut ms = interleaved(stream, 2, reps, &mut |v| {
+        stack.backward(stream, &grad_out, &out, &z_all, &alpha, w.apply_alpha, opts[v])?;
+        Ok(())
+    })?;
+    Ok(Measured::Timed { relay: median(&mut ms[0]), fused: median(&mut ms[1]), equal })
 }
 
 #[cfg(test)]
