@@ -111,8 +111,11 @@ for p in ${TUNE:-}; do
   grep -E "^# tune|^winner|^\+ |^bench|^[a-z].*median|EQUAL|DIFFER" "$OUT/r/tune_check_$p.out" | head -60
 done
 if [ "${SWEEP:-0}" = 1 ]; then
-  # the switch's regime on this GPU: relay against fused over Cf x lmax
-  timeout "${SWEEP_S:-420}" .device/mixstack tune --regime --reps "${SWEEP_REPS:-5}" 2>&1 | tee "$OUT/r/regime.md"
+  # the switch's regime on this GPU: relay against fused over Cf x lmax,
+  # written into this machine's copy of specs/stages.yaml, which comes back
+  # as regime_stages.yaml (copy it over specs/stages.yaml here and rebless)
+  timeout "${SWEEP_S:-420}" .device/mixstack tune --regime --write --reps "${SWEEP_REPS:-5}" 2>&1 | tee "$OUT/r/regime.md"
+  cp specs/stages.yaml "$OUT/regime_stages.yaml"
 fi
 if [ -n "${SWEEP_TILES:-}" ]; then
   # the same sweep with more fused tiles beside the default
