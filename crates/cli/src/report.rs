@@ -190,11 +190,14 @@ pub fn run(json: bool) -> CliResult {
     }
     println!("# switch on: fused where measured faster than the relay (stages.yaml regime.fused_faster), else relay");
     if fused_faster.is_empty() {
-        println!("(none listed: \"on\" runs the relay everywhere)");
+        println!("(none listed: \"on\" runs the relay everywhere; `mixstack tune --regime --write` measures a GPU)");
     }
     for x in &fused_faster {
         let on = x.gpu.map_or("every GPU without entries of its own".to_string(), |g| format!("GPUs named *{g}*"));
         println!("f32  {:<6} cf {:>3} lmax {}..{}: {on}", x.precision.as_str(), x.cf, x.lmax.0, x.lmax.1);
+    }
+    if !fused_faster.is_empty() && fused_faster.iter().all(|x| x.gpu.is_some()) {
+        println!("any other GPU: the relay (`mixstack tune --regime --write` measures one and writes its entries)");
     }
     Ok(())
 }
