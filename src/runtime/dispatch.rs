@@ -171,7 +171,8 @@ impl fmt::Display for Reason {
                 write!(
                     f,
                     "the fused backward is not measured faster than the relay at Cf {cf} {at} in this mode for \
-                     this GPU (stages.yaml regime.fused_faster); {FUSED_ENV}=always runs it"
+                     this GPU (stages.yaml regime.fused_faster; mixstack tune --regime measures it); \
+                     {FUSED_ENV}=always runs it"
                 )
             }
         }
