@@ -271,7 +271,13 @@ fn a_measured_regime_writes_into_the_shipped_specs() {
     // Written again, the same sweep changes nothing; the diff is the entries only.
     assert_eq!(write(&text, "NVIDIA H200", Precision::Exact, &[32, 64], &found).unwrap(), text);
     let added: Vec<&str> = text.lines().filter(|l| !shipped.lines().any(|o| o == *l)).collect();
-    assert_eq!(added, ["    - {cf: 32, lmax: [1, 2], gpu: H200}", "    - {cf: 32, lmax: [4, 4], gpu: H200}"]);
+    assert_eq!(
+        added,
+        [
+            "    - {cf: 32, lmax: [1, 2], gpu: H200}  # fused / relay 0.900-0.900 (mixstack tune --regime)",
+            "    - {cf: 32, lmax: [4, 4], gpu: H200}  # fused / relay 0.970-0.970 (mixstack tune --regime)"
+        ]
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use mixstack::kinds::{Dtype, Precision};
 use mixstack::runtime::device::compute_capability;
 use mixstack::runtime::dispatch::{Dispatch, Path};
 use mixstack::runtime::{open_device, BackwardOptions, Request};
-use mixstack_gen::regime::{entries, line, write, Point};
+use mixstack_gen::regime::{entries, write, Point};
 use rand::{rngs::StdRng as SmallRng, SeedableRng};
 
 use super::bench::{bitwise_equal, interleaved, median, Problem, Stream};
@@ -116,7 +116,7 @@ pub fn run(args: &TuneArgs) -> CliResult {
         args.keep
     );
     for e in &found {
-        println!("{}", line(e, "    "));
+        println!("{}", e.line("    "));
     }
     if found.is_empty() {
         println!("    (none: \"on\" runs the relay on this GPU, or the entries without `gpu` where there are any)");

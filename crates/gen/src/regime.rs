@@ -26,18 +26,41 @@ impl Point {
     }
 }
 
+/// A measured entry: what stages.yaml gets, and the fused / relay range of
+/// its points (the line's comment, for the reviewer of the diff).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub spec: FusedFasterSpec,
+    pub ratios: [f64; 2],
+}
+
+impl Entry {
+    /// The list line, its measurement as a comment.
+    pub fn line(&self, indent: &str) -> String {
+        let [lo, hi] = self.ratios;
+        format!("{}  # fused / relay {lo:.3}-{hi:.3} (mixstack tune --regime)", line(&self.spec, indent))
+    }
+}
+
 /// The entries `points` support on `gpu` in `precision`: per Cf, each run of
 /// consecutive lmax whose points are [`Point::faster`] (an lmax not swept
 /// ends a run), in Cf then lmax order.
-pub fn entries(points: &[Point], keep: f64, gpu: &str, precision: Precision) -> Vec<FusedFasterSpec> {
+pub fn entries(points: &[Point], keep: f64, gpu: &str, precision: Precision) -> Vec<Entry> {
     let mut sorted: Vec<&Point> = points.iter().collect();
     sorted.sort_by_key(|p| (p.cf, p.lmax));
-    let mut out: Vec<FusedFasterSpec> = Vec::new();
+    let mut out: Vec<Entry> = Vec::new();
     let mut prev: Option<(u32, u32)> = None; // the last point in the regime
     for p in sorted.into_iter().filter(|p| p.faster(keep)) {
+        let r = p.ratio.unwrap_or(f64::NAN); // faster: measured
         match out.last_mut() {
-            Some(e) if prev == Some((p.cf, p.lmax.wrapping_sub(1))) => e.lmax[1] = p.lmax,
-            _ => out.push(FusedFasterSpec { cf: p.cf, lmax: [p.lmax, p.lmax], precision, gpu: Some(gpu.to_string()) }),
+            Some(e) if prev == Some((p.cf, p.lmax.wrapping_sub(1))) => {
+                e.spec.lmax[1] = p.lmax;
+                e.ratios = [e.ratios[0].min(r), e.ratios[1].max(r)];
+            }
+            _ => out.push(Entry {
+                spec: FusedFasterSpec { cf: p.cf, lmax: [p.lmax, p.lmax], precision, gpu: Some(gpu.to_string()) },
+                ratios: [r, r],
+            }),
         }
         prev = Some((p.cf, p.lmax));
     }
@@ -91,9 +114,9 @@ pub fn write(
     device: &str,
     precision: Precision,
     swept: &[u32],
-    new: &[FusedFasterSpec],
+    new: &[Entry],
 ) -> Result<String, WriteError> {
-    debug_assert!(new.iter().all(|e| e.precision == precision
+    debug_assert!(new.iter().map(|e| &e.spec).all(|e| e.precision == precision
         && swept.contains(&e.cf)
         && e.gpu.as_deref().is_some_and(|g| gpu_matches(g, device))));
     let eol = if text.contains("\r\n") { "\r\n" } else { "\n" };
@@ -138,7 +161,7 @@ pub fn write(
         last_entry = Some(keep.len());
     }
     let at = last_entry.unwrap_or(0);
-    let added: Vec<String> = new.iter().map(|e| line(e, &entry_indent)).collect();
+    let added: Vec<String> = new.iter().map(|e| e.line(&entry_indent)).collect();
     keep.splice(at..at, added);
     let empty = !keep.iter().any(|l| l.trim_start().starts_with('-'));
     let suffix = if empty { " []" } else { "" };
@@ -168,36 +191,45 @@ mod tests {
         pts.push(pt(64, 5, 0.9));
         pts.reverse(); // order of measurement does not matter
         let got = entries(&pts, 0.98, "H200", Precision::Exact);
-        let lmax: Vec<(u32, [u32; 2])> = got.iter().map(|e| (e.cf, e.lmax)).collect();
+        let lmax: Vec<(u32, [u32; 2])> = got.iter().map(|e| (e.spec.cf, e.spec.lmax)).collect();
         assert_eq!(lmax, [(32, [1, 2]), (32, [4, 4]), (64, [2, 2]), (64, [5, 5])]);
-        assert!(got.iter().all(|e| e.gpu.as_deref() == Some("H200") && e.precision == Precision::Exact));
-        assert_eq!(line(&got[0], "    "), "    - {cf: 32, lmax: [1, 2], gpu: H200}");
-        let x3 = FusedFasterSpec { precision: Precision::Fp16x3, ..got[0].clone() };
+        assert!(got.iter().all(|e| e.spec.gpu.as_deref() == Some("H200") && e.spec.precision == Precision::Exact));
+        assert_eq!(got[0].ratios, [0.95, 0.97]);
+        assert_eq!(
+            got[0].line("    "),
+            "    - {cf: 32, lmax: [1, 2], gpu: H200}  # fused / relay 0.950-0.970 (mixstack tune --regime)"
+        );
+        let x3 = FusedFasterSpec { precision: Precision::Fp16x3, ..got[0].spec.clone() };
         assert_eq!(line(&x3, ""), "- {cf: 32, lmax: [1, 2], precision: fp16x3, gpu: H200}");
     }
 
     const TEXT: &str = "lmax: {min: 1, max: 6}\nregime:\n  fused_cf_below: 96\n  # the regime\n  fused_faster:  # measured\n    - {cf: 32, lmax: [1, 3], gpu: H100 80GB HBM3}  # run 95\n    - {cf: 32, lmax: [1, 2], gpu: h200}\n    # an H20 entry: its key is part of \"NVIDIA H200\" too\n    - {cf: 32, lmax: [5, 5], gpu: H20}\n    - {cf: 64, lmax: [1, 1], gpu: H200, precision: fp16x3}\n    - {cf: 64, lmax: [2, 2], gpu: H200}\n\n  cublas_gate_from_cf: 96\n\nstages: []\n";
 
-    fn h200(cf: u32, lmax: [u32; 2]) -> FusedFasterSpec {
+    fn spec(cf: u32, lmax: [u32; 2]) -> FusedFasterSpec {
         FusedFasterSpec { cf, lmax, precision: Precision::Exact, gpu: Some("H200".into()) }
     }
+    /// An H200 entry measured at 0.9 (its comment: `NOTE`).
+    fn h200(cf: u32, lmax: [u32; 2]) -> Entry {
+        Entry { spec: spec(cf, lmax), ratios: [0.9, 0.9] }
+    }
+    const NOTE: &str = "  # fused / relay 0.900-0.900 (mixstack tune --regime)";
 
     #[test]
     fn replaces_the_entries_that_judge_this_gpu() {
         // Every key the runtime matches to "NVIDIA H200" goes (h200, H20),
         // in this mode at the swept Cf; the rest stays, line for line.
         let got = write(TEXT, "NVIDIA H200", Precision::Exact, &[32, 64], &[h200(32, [1, 4])]).unwrap();
-        let want = "lmax: {min: 1, max: 6}\nregime:\n  fused_cf_below: 96\n  # the regime\n  fused_faster:  # measured\n    - {cf: 32, lmax: [1, 3], gpu: H100 80GB HBM3}  # run 95\n    # an H20 entry: its key is part of \"NVIDIA H200\" too\n    - {cf: 64, lmax: [1, 1], gpu: H200, precision: fp16x3}\n    - {cf: 32, lmax: [1, 4], gpu: H200}\n\n  cublas_gate_from_cf: 96\n\nstages: []\n";
-        assert_eq!(got, want);
+        let want = "lmax: {min: 1, max: 6}\nregime:\n  fused_cf_below: 96\n  # the regime\n  fused_faster:  # measured\n    - {cf: 32, lmax: [1, 3], gpu: H100 80GB HBM3}  # run 95\n    # an H20 entry: its key is part of \"NVIDIA H200\" too\n    - {cf: 64, lmax: [1, 1], gpu: H200, precision: fp16x3}\n    - {cf: 32, lmax: [1, 4], gpu: H200}NOTE\n\n  cublas_gate_from_cf: 96\n\nstages: []\n";
+        assert_eq!(got, want.replace("NOTE", NOTE));
         // A Cf not swept keeps its entries.
         let got = write(TEXT, "NVIDIA H200", Precision::Exact, &[32], &[]).unwrap();
         assert!(got.contains("{cf: 64, lmax: [2, 2], gpu: H200}") && !got.contains("gpu: h200}"), "{got}");
         // Another GPU: its entry appended after the last, nothing else touched.
-        let h20 = FusedFasterSpec { gpu: Some("H20".into()), ..h200(64, [3, 3]) };
+        let h20 = Entry { spec: FusedFasterSpec { gpu: Some("H20".into()), ..spec(64, [3, 3]) }, ratios: [0.9, 0.9] };
         let got = write(TEXT, "NVIDIA H20", Precision::Exact, &[64], &[h20]).unwrap();
         let want = TEXT.replace(
             "    - {cf: 64, lmax: [2, 2], gpu: H200}\n",
-            "    - {cf: 64, lmax: [2, 2], gpu: H200}\n    - {cf: 64, lmax: [3, 3], gpu: H20}\n",
+            &format!("    - {{cf: 64, lmax: [2, 2], gpu: H200}}\n    - {{cf: 64, lmax: [3, 3], gpu: H20}}{NOTE}\n"),
         );
         assert_eq!(got, want);
         // Nothing faster and nothing left: an empty list, the comment kept.
@@ -220,8 +252,9 @@ mod tests {
         // YAML's indentless sequence: items at the key's own indent.
         let text = "regime:\n  fused_faster:\n  - {cf: 32, lmax: [1, 2], gpu: H200}\n  - {cf: 64, lmax: [1, 2], gpu: H100}\n  cublas_gate_from_cf: 96\n";
         let got = write(text, "NVIDIA H200", Precision::Exact, &[32], &[h200(32, [2, 3])]).unwrap();
-        assert_eq!(got, "regime:\n  fused_faster:\n  - {cf: 64, lmax: [1, 2], gpu: H100}\n  - {cf: 32, lmax: [2, 3], gpu: H200}\n  cublas_gate_from_cf: 96\n");
-        let odd = FusedFasterSpec { gpu: Some("A100: it's".into()), ..h200(32, [1, 1]) };
+        let want = "regime:\n  fused_faster:\n  - {cf: 64, lmax: [1, 2], gpu: H100}\n  - {cf: 32, lmax: [2, 3], gpu: H200}NOTE\n  cublas_gate_from_cf: 96\n";
+        assert_eq!(got, want.replace("NOTE", NOTE));
+        let odd = FusedFasterSpec { gpu: Some("A100: it's".into()), ..spec(32, [1, 1]) };
         let l = line(&odd, "");
         assert_eq!(l, "- {cf: 32, lmax: [1, 1], gpu: 'A100: it''s'}");
         let back: FusedFasterSpec = serde_yaml::from_str(l.trim_start_matches('-')).unwrap();
@@ -234,7 +267,7 @@ mod tests {
         let got = write(text, "NVIDIA H200", Precision::Exact, &[32], &[h200(32, [2, 3])]).unwrap();
         assert_eq!(
             got,
-            "regime:  # where\n  fused_faster:\n    - {cf: 32, lmax: [2, 3], gpu: H200}\n  cublas_gate_from_cf: 96\n"
+            format!("regime:  # where\n  fused_faster:\n    - {{cf: 32, lmax: [2, 3], gpu: H200}}{NOTE}\n  cublas_gate_from_cf: 96\n")
         );
         let new = [h200(32, [2, 3])];
         assert_eq!(write("stages: []\n", "NVIDIA H200", Precision::Exact, &[32], &new), Err(WriteError::NoList));
