@@ -78,6 +78,10 @@ pub fn run(args: &TuneArgs) -> CliResult {
         .into_iter()
         .filter(|&cf| d.decide_backward_path(Dtype::F32, cf, Request::Always).path == Path::Fused)
         .collect();
+    if cfs.is_empty() {
+        let why = d.decide_backward_path(Dtype::F32, 32, Request::Always).reason;
+        return Err(format!("the fused backward serves no Cf on this GPU's arch ({why}): no regime to measure").into());
+    }
     let mut failed = 0;
     for &cf in &cfs {
         swept.push(cf);
