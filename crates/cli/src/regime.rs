@@ -109,6 +109,12 @@ pub fn run(args: &TuneArgs) -> CliResult {
             let (ratio, bitwise_equal) = ratio.map_or((None, false), |(r, eq)| (Some(r), eq));
             points.push(Point { cf, lmax, ratio, bitwise_equal });
         }
+        // Each Cf's entries as soon as it is swept: a sweep cut short by a
+        // time limit keeps what it measured.
+        let this: Vec<Point> = points.iter().filter(|p| p.cf == cf).copied().collect();
+        for e in entries(&this, args.keep, &gpu, precision) {
+            println!("# so far:{}", e.line(" "));
+        }
     }
     if failed > 0 {
         println!("\n# {failed} points failed (above): they are left out of the regime");
