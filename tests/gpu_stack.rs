@@ -1000,8 +1000,8 @@ fn fp16x3_matches_reference() {
             };
             let Some(e) = st.dispatch().by_name(name) else { panic!("{what}: {name} ran, not in the kernel table") };
             let want_p = match e.geometry {
-                mixstack::runtime::table::Geometry::Gemm { .. } => Precision::Fp16x3,
-                mixstack::runtime::table::Geometry::Rows { .. } => Precision::Exact,
+                Geometry::Gemm { .. } => Precision::Fp16x3,
+                Geometry::Rows { .. } => Precision::Exact,
             };
             assert_eq!(e.geometry.precision(), want_p, "{what}: {name} ran");
         }

@@ -284,7 +284,12 @@ fn decision_on_follows_the_measured_regime() {
         assert_eq!(on.reason, Reason::CfTooLarge { cf: 96, limit: FUSED_CF_LIMIT });
         assert_eq!(d.decide_backward_path_at(Dtype::F64, 32, 3, Request::On).reason, Reason::Dtype(Dtype::F64));
     }
-    // The build's regime by default.
+    // The build's regime by default: its first entry, on a device of its GPU
+    // name, is seen; and it agrees with the lookup elsewhere.
+    if let Some(x) = table::FUSED_FASTER.iter().find(|x| x.precision == Precision::Exact) {
+        let device: Option<&'static str> = x.gpu.map(|g| &*Box::leak(format!("NVIDIA {g}").into_boxed_str()));
+        assert!(Dispatch::new(&t).with_gpu(device).fused_faster(x.cf, x.lmax.0), "{x:?}");
+    }
     for (cf, lmax) in [(32, 1), (32, 3), (32, 4), (64, 2)] {
         let gpu = Some("NVIDIA H100 80GB HBM3");
         let built = fused_faster(&table::FUSED_FASTER, Precision::Exact, cf, Some(lmax), gpu);
@@ -953,10 +958,16 @@ fn stage_roles_come_from_the_spec() {
     assert_eq!(FUSED_CF_LIMIT, specs.stages.regime.fused_cf_below);
     assert_eq!(table::CUBLAS_GATE_FROM_CF, specs.stages.regime.cublas_gate_from_cf);
     assert_eq!(table::STAGE_ROLES.to_vec(), specs.roles());
-    let listed: Vec<(u32, (u32, u32), Option<String>)> =
-        table::FUSED_FASTER.iter().map(|x| (x.cf, x.lmax, x.gpu.map(String::from))).collect();
-    let spec: Vec<(u32, (u32, u32), Option<String>)> =
-        specs.stages.regime.fused_faster.iter().map(|x| (x.cf, (x.lmax[0], x.lmax[1]), x.gpu.clone())).collect();
+    type Row = (u32, (u32, u32), Precision, Option<String>);
+    let listed: Vec<Row> =
+        table::FUSED_FASTER.iter().map(|x| (x.cf, x.lmax, x.precision, x.gpu.map(String::from))).collect();
+    let spec: Vec<Row> = specs
+        .stages
+        .regime
+        .fused_faster
+        .iter()
+        .map(|x| (x.cf, (x.lmax[0], x.lmax[1]), x.precision, x.gpu.clone()))
+        .collect();
     assert_eq!(listed, spec, "the generated regime is stages.yaml's");
 }
 

@@ -13,7 +13,10 @@ use crate::runtime::error::MixError;
 /// signature, a status code or a layout. 2: stacks that borrow their
 /// weights, and calls that pass them (`mixstack_stack_create_borrowing`,
 /// `mixstack_forward_w`, `mixstack_backward_w`) and `mixstack_supports`;
-/// version 1's functions are unchanged.
+/// 3: the precision mode (`mixstack_set_precision`,
+/// `mixstack_last_precision`); 4: path 2 (FUSED) is the measured regime and
+/// path 3 (FUSED_ALWAYS) the old meaning of 2. Earlier functions are
+/// unchanged.
 pub const MIXSTACK_ABI_VERSION: c_int = 4;
 
 /// Status codes of the C functions (`mixstack_status` in the header).

@@ -172,7 +172,7 @@ impl fmt::Display for Reason {
                     f,
                     "the fused backward is not measured faster than the relay at Cf {cf} {at} in this mode for \
                      this GPU (stages.yaml regime.fused_faster; mixstack tune --regime measures it); \
-                     {FUSED_ENV}=always runs it"
+                     \"always\" runs it ({FUSED_ENV}=always, FusedMode::Always, path fused_always)"
                 )
             }
         }

@@ -18,7 +18,7 @@ use mixstack_gen::regime::{entries, write, Point};
 use rand::{rngs::StdRng as SmallRng, SeedableRng};
 
 use super::bench::{bitwise_equal, interleaved, median, Problem, Stream};
-use super::tune::{gpu_key, TuneArgs};
+use super::tune::{gpu_key, print_changed_lines, TuneArgs};
 use super::workload::{preset, Workload};
 use super::CliResult;
 
@@ -58,7 +58,7 @@ pub fn run(args: &TuneArgs) -> CliResult {
     let gpu = gpu_key(&device);
     let stream: Stream = ctx.default_stream();
     let precision = Precision::Exact; // the switch's regime is measured in the exact mode
-    let (mut points, mut swept) = (Vec::new(), Vec::new());
+    let mut points = Vec::new();
     let started = Instant::now();
     let relay = BackwardOptions::relay().with_precision(precision);
     let fused = BackwardOptions::fused_always().with_precision(precision);
@@ -84,7 +84,6 @@ pub fn run(args: &TuneArgs) -> CliResult {
     }
     let mut failed = 0;
     for &cf in &cfs {
-        swept.push(cf);
         for lmax in lo..=hi {
             let w = Workload { cf: cf as usize, lmax: lmax as usize, ..w0 };
             let ratio = match measure(&stream, &w, args.reps, [&relay, &fused]) {
@@ -140,7 +139,7 @@ pub fn run(args: &TuneArgs) -> CliResult {
     if args.write {
         let path = args.specs.join("stages.yaml");
         let before = std::fs::read_to_string(&path)?;
-        let after = write(&before, &device, precision, &swept, &found)?;
+        let after = write(&before, &device, precision, &cfs, &found)?;
         // the result must still be a spec that loads
         let read = |f: &str| std::fs::read_to_string(args.specs.join(f));
         mixstack_gen::spec::from_texts(&args.specs, [read("ops.yaml")?, after.clone(), read("tiles.yaml")?])?;
@@ -150,13 +149,7 @@ pub fn run(args: &TuneArgs) -> CliResult {
              blesses the snapshot (commit specs/ and generated-tests/ together):",
             path.display()
         );
-        let (old, new): (Vec<&str>, Vec<&str>) = (before.lines().collect(), after.lines().collect());
-        for l in old.iter().filter(|l| !new.contains(l)) {
-            println!("- {l}");
-        }
-        for l in new.iter().filter(|l| !old.contains(l)) {
-            println!("+ {l}");
-        }
+        print_changed_lines(&before, &after);
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 
 use super::CliResult;
 use mixstack::kinds::{Arch, Dtype, Precision};
-use mixstack::runtime::table::{self, BUILD_MANIFEST_JSON, BUILD_SOURCE};
+use mixstack::runtime::table::{self, FusedFaster, BUILD_MANIFEST_JSON, BUILD_SOURCE};
 use mixstack::runtime::{Dispatch, Request};
 use mixstack_gen::buildlog;
 use mixstack_gen::embed::{DispatchRow, Manifest, ManifestInstance};
@@ -20,21 +20,11 @@ struct BackwardRow {
     reason_always: String,
 }
 
-/// A stages.yaml `regime.fused_faster` entry: where the switch's "on" takes
-/// the fused backward.
-#[derive(Serialize)]
-struct FusedFasterRow {
-    cf: u32,
-    lmax: (u32, u32),
-    precision: Precision,
-    gpu: Option<&'static str>,
-}
-
 #[derive(Serialize)]
 struct DispatchJson<'a> {
     kernels: &'a [DispatchRow],
     backward: Vec<BackwardRow>,
-    fused_faster: Vec<FusedFasterRow>,
+    fused_faster: &'a [FusedFaster],
 }
 
 /// An instance rejected on an arch because ptxas reports spills (the build
@@ -99,10 +89,7 @@ fn opt(v: Option<u32>) -> String {
 pub fn run(json: bool) -> CliResult {
     let m: Manifest = serde_json::from_str(BUILD_MANIFEST_JSON)?;
     let backward = backward_rows(&m);
-    let fused_faster: Vec<FusedFasterRow> = table::FUSED_FASTER
-        .iter()
-        .map(|x| FusedFasterRow { cf: x.cf, lmax: x.lmax, precision: x.precision, gpu: x.gpu })
-        .collect();
+    let fused_faster: &[FusedFaster] = &table::FUSED_FASTER;
     if json {
         let r = ReportJson {
             instances: &m.instances,
@@ -192,7 +179,7 @@ pub fn run(json: bool) -> CliResult {
     if fused_faster.is_empty() {
         println!("(none listed: \"on\" runs the relay everywhere; `mixstack tune --regime --write` measures a GPU)");
     }
-    for x in &fused_faster {
+    for x in fused_faster {
         let on = x.gpu.map_or("every GPU without entries of its own".to_string(), |g| format!("GPUs named *{g}*"));
         println!("f32  {:<6} cf {:>3} lmax {}..{}: {on}", x.precision.as_str(), x.cf, x.lmax.0, x.lmax.1);
     }

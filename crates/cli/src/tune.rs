@@ -193,12 +193,21 @@ pub fn run(args: &TuneArgs) -> CliResult {
         mixstack_gen::spec::from_texts(&args.specs, [ops?, stages?, after.clone()])?;
         std::fs::write(&path, &after)?;
         println!("\nwrote {} (GPU {:?}):", path.display(), gpu_key(&device));
-        let old: Vec<&str> = before.lines().collect();
-        for l in after.lines().filter(|l| !old.contains(l)) {
-            println!("+ {l}");
-        }
+        print_changed_lines(&before, &after);
     }
     Ok(())
+}
+
+/// What a `--write` changed in a spec file: its lines gone (`-`), then its
+/// lines new (`+`).
+pub(crate) fn print_changed_lines(before: &str, after: &str) {
+    let (old, new): (Vec<&str>, Vec<&str>) = (before.lines().collect(), after.lines().collect());
+    for l in old.iter().filter(|l| !new.contains(l)) {
+        println!("- {l}");
+    }
+    for l in new.iter().filter(|l| !old.contains(l)) {
+        println!("+ {l}");
+    }
 }
 
 #[cfg(test)]

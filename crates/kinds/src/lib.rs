@@ -110,7 +110,7 @@ pub struct StageRole {
 /// `regime.fused_faster`, generated into the kernel table): Cf, an inclusive
 /// lmax range, the mode it was measured in, and the GPU (a part of the
 /// device name; `None`: every GPU without entries of its own).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct FusedFaster {
     pub cf: u32,
     pub lmax: (u32, u32),
@@ -431,7 +431,9 @@ pub fn preferred_ranked<T: Copy>(usable: impl IntoIterator<Item = T>, rank: impl
 /// Whether a tiles.yaml GPU key names this device: a part of its name,
 /// without case ("H200" names "NVIDIA H200").
 pub fn gpu_matches(key: &str, device_name: &str) -> bool {
-    device_name.to_ascii_lowercase().contains(&key.trim().to_ascii_lowercase())
+    // Without allocating: it runs in every backward call's path decision.
+    let key = key.trim().as_bytes();
+    key.is_empty() || device_name.as_bytes().windows(key.len()).any(|w| w.eq_ignore_ascii_case(key))
 }
 
 /// A target architecture of the build (stages.yaml `archs`; a tile may
