@@ -626,8 +626,12 @@ struct TileWalk {
 // chunk, k ascending; A row-major (rows ak elements apart: a ring chunk's
 // padded row, or the fused panel's), read W k-values at a time; B rows BP apart.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int BP>
-__device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, int ak, const T* Bs, int ty, int tx) {
+__device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, int ak, const T* Bs, int ty, int tx,
+                                           int live = BN) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM;
+  // A thread's column groups lie TX * W apart: those at or past `live` (the
+  // tile's columns inside N, block-uniform) are neither loaded nor summed.
+  auto on = [&](int j) { return j < W || j / W * TX * W < live; };
 #pragma unroll
   for (int k4 = 0; k4 < BK; k4 += W) {
     T a[TM][W];
@@ -637,11 +641,13 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, int ak
     for (int kk = 0; kk < W; ++kk) {
       T b[TN];
 #pragma unroll
-      for (int j = 0; j < TN; j += W) Vec<T>::load(Bs + (k4 + kk) * BP + tx * W + (j / W) * TX * W, b + j);
+      for (int j = 0; j < TN; j += W)
+        if (on(j)) Vec<T>::load(Bs + (k4 + kk) * BP + tx * W + (j / W) * TX * W, b + j);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = op_dot_step<T>(a[i][kk], b[j], acc[i][j]);
+        for (int j = 0; j < TN; ++j)
+          if (on(j)) acc[i][j] = op_dot_step<T>(a[i][kk], b[j], acc[i][j]);
     }
   }
 }
@@ -959,6 +965,26 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 // FULL/EMPTY + segment (pipe: ws) or + per-row buffer slot (pipe: split).
 enum WsBarrier { WS_PRODUCERS = 1, WS_CONSUMERS = 2, WS_FULL = 3, WS_EMPTY = 5 };
 
+// tiles.yaml `regs` (pipe: split): the layout S's setmaxnreg counts, each
+// side's registers per thread after the move; 0 where S has none (ptxas
+// allocates alone). setmaxnreg is sm_90a's: only such instances use it.
+template <typename S, typename = void>
+struct RegSplit {
+  static constexpr int producers = 0, consumers = 0;
+};
+template <typename S>
+struct RegSplit<S, std::void_t<decltype(S::consumer_regs)>> {
+  static constexpr int producers = S::producer_regs, consumers = S::consumer_regs;
+};
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+
 // One output segment: columns [off, off + N) of each row, from A columns
 // [off, off + N) times B (N x N, row-major).
 template <typename T>
@@ -1029,6 +1055,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   const i64 nlocal = (nrb - 1 - blockIdx.x) / gridDim.x + 1;
   if constexpr (P > 0) {
     if ((int)threadIdx.x < P) {
+      if constexpr (RegSplit<S>::producers > 0) setmaxnreg_dec<RegSplit<S>::producers>();
       for (i64 i = 0; i < nlocal; ++i) {
         const int slot = (int)(i & 1);
         if (i >= 2) bar_sync(WS_EMPTY + slot, ALL);  // row block i - 2's chunks are formed
@@ -1038,7 +1065,9 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       return;
     }
   }
-  // The GEMM's threads: all of the block, or the consumers.
+  // The GEMM's threads: all of the block, or the consumers (taking the
+  // producers' registers where the tile moves them).
+  if constexpr (P > 0 && RegSplit<S>::consumers > 0) setmaxnreg_inc<RegSplit<S>::consumers>();
   auto sync = [] {
     if constexpr (P > 0) {
       bar_sync(WS_CONSUMERS, THREADS);
@@ -1158,7 +1187,10 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       }
     }
     if constexpr (PREC == 0) {
-      mma_stream<T, BM, BN, BK, TM, TN, BP>(acc, as, AK, Bs + cst * B_STAGE, ty, tx);
+      // Several column groups per thread (tn > 4): the last column tile of
+      // a segment may end inside the tile (seg1 N 192 at bn 128).
+      const int live = TN > W ? (cw.s ? seg1.N : seg0.N) - cw.ct * BN : BN;
+      mma_stream<T, BM, BN, BK, TM, TN, BP>(acc, as, AK, Bs + cst * B_STAGE, ty, tx, live);
     } else {
       x3::chunk<BK, AK, BP>(acc3, as, Bs + cst * B_STAGE, wm, wn, lane);
     }

@@ -33,6 +33,7 @@ fn gemm(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
         min_blocks: 1,
         pipe: mixstack::kinds::Pipe::Regs,
         precision: Precision::Exact,
+        regs: 0,
     }
 }
 
@@ -48,6 +49,7 @@ fn stream(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
         min_blocks: 1,
         pipe: mixstack::kinds::Pipe::Stream,
         precision: Precision::Exact,
+        regs: 0,
     }
 }
 
@@ -837,6 +839,7 @@ fn geometry_stream_launches_at_most_the_resident_blocks() {
         min_blocks: 2,
         pipe: mixstack::kinds::Pipe::Stream,
         precision: Precision::Exact,
+        regs: 0,
     };
     let e = entry(Stage::BwdGemm, Dtype::F32, 32, g, true, true);
     // 646,000 edges, N = 192: 5047 * 3 tiles per focus; 264 resident blocks over F = 2.
@@ -1054,6 +1057,47 @@ fn dispatch_serves_the_devices_compute_capability() {
     }
 }
 
+/// A tile that moves registers with setmaxnreg (sm_90a code) serves a
+/// device of compute capability 9.0 only: on a later one, whose driver
+/// would JIT the sm_90 PTX, it is no candidate, and the default falls back
+/// to the rest of the key's tiles.
+#[test]
+fn arch_specific_tiles_serve_their_own_compute_capability_only() {
+    let split = |regs| Geometry::Gemm {
+        block_m: 64,
+        bn: 128,
+        block_k: 16,
+        tm: 8,
+        tn: 8,
+        stages: 2,
+        min_blocks: 2,
+        pipe: mixstack::kinds::Pipe::Split,
+        precision: Precision::Exact,
+        regs,
+    };
+    assert!(split(192).arch_specific() && !split(0).arch_specific());
+    assert_eq!(split(192).setmaxnreg(), Some((64, 192)));
+    assert_eq!(split(160).setmaxnreg(), Some((96, 160)));
+    assert_eq!(split(0).setmaxnreg(), None);
+    let mut t: Vec<KernelEntry> = relay_entries(Dtype::F32, 32);
+    t.push(entry(Stage::BwdFused, Dtype::F32, 32, split(192), true, true));
+    t.extend(fused_entries(32));
+    let d = Dispatch::new(leak_table(t));
+    let moved = |d: &Dispatch| d.candidates(Stage::BwdFused, Dtype::F32, 32).iter().any(|e| e.geometry.arch_specific());
+    assert!(moved(&d), "no device named: the arch's own");
+    assert!(moved(&d.for_device(90).unwrap()));
+    let hopper = d.for_device(90).unwrap().default_for(Stage::BwdFused, Dtype::F32, 32, 3).unwrap();
+    assert!(hopper.geometry.arch_specific(), "the default on 9.0");
+    for cc in [100, 120] {
+        let later = d.for_device(cc).unwrap();
+        assert_eq!(later.arch(), Arch::Sm90);
+        assert!(!moved(&later), "cc {cc}");
+        let e = later.default_for(Stage::BwdFused, Dtype::F32, 32, 3).unwrap();
+        assert!(!e.geometry.arch_specific(), "cc {cc}: {}", e.name);
+        assert_eq!(later.decide_backward_path(Dtype::F32, 32, Request::Always).path, Path::Fused, "cc {cc}");
+    }
+}
+
 #[test]
 fn fused_backward_on_an_arch_without_fused_tiles_is_the_relay() {
     let d = Dispatch::new(two_arch_table());
@@ -1222,9 +1266,18 @@ fn fp16x3_mode_dispatch() {
 #[test]
 fn fused_without_kernels_of_the_mode_takes_the_relay() {
     let x3 = |g: Geometry| match g {
-        Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, .. } => {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision: Precision::Fp16x3 }
-        }
+        Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, regs, .. } => Geometry::Gemm {
+            block_m,
+            bn,
+            block_k,
+            tm,
+            tn,
+            stages,
+            min_blocks,
+            pipe,
+            precision: Precision::Fp16x3,
+            regs,
+        },
         rows => rows,
     };
     let mut t = relay_entries(Dtype::F32, 32);

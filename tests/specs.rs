@@ -678,3 +678,66 @@ fn fused_fp16x3_tiles_share_the_relays_chunk_width() {
     });
     assert!(load_err(&dir).contains("pipe stream (or split, fused)"));
 }
+
+fn regs_line(t: &str) -> String {
+    let tile = |l: &&str| l.trim_start().starts_with("- {") && l.contains("regs: 192");
+    t.lines().find(tile).expect("tiles.yaml has a tile with regs").to_string()
+}
+
+#[test]
+fn register_moves_outside_what_setmaxnreg_allows_are_refused_where_written() {
+    for (from, to, why) in [
+        ("pipe: split", "pipe: stream", "pipe split only"),
+        ("archs: [sm_90]", "archs: [sm_80, sm_90]", "archs: [sm_90]"),
+        ("regs: 192", "regs: 196", "multiple of 8"),
+        ("regs: 192", "regs: 264", "multiple of 8"),
+        // 2 blocks of 256 threads start at 128 registers each
+        ("regs: 192", "regs: 128", "not above the launch cap of 128"),
+        // 128 consumers at 232 leave the producers 24: at 240, 16
+        ("regs: 192", "regs: 240", "fewer than 24"),
+        // 64 consumers: half a warpgroup
+        ("tm: 8, tn: 8", "tm: 8, tn: 16", "not a multiple of 128"),
+    ] {
+        let dir = specs_with("tiles.yaml", |t| {
+            let line = regs_line(t);
+            t.replacen(&line, &line.replacen(from, to, 1), 1)
+        });
+        let e = load_err(&dir);
+        let text = std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap();
+        assert!(e.contains(why) && e.contains(".regs"), "{from} -> {to}: {e}");
+        assert_eq!(line_of(&e, "tiles.yaml"), line_with(&text, &regs_line(&text)), "{e}");
+    }
+    let dir = specs_with("tiles.yaml", |t| {
+        let line = regs_line(t);
+        t.replacen(&line, &line.replacen("regs: 192", "regs: 232", 1), 1)
+    });
+    assert!(spec::load(&dir).is_ok(), "232 leaves the producers 24, setmaxnreg's least");
+}
+
+#[test]
+fn register_moves_are_named_split_and_built_for_sm_90a() {
+    let specs = spec::load(&crate_dir().join("specs")).unwrap();
+    let exp = expand(&specs, None).unwrap();
+    let r = Renderer::new(&crate_dir().join("templates")).unwrap();
+    let moved: Vec<_> = exp.instances.iter().filter(|i| i.geometry.setmaxnreg().is_some()).collect();
+    assert!(!moved.is_empty(), "tiles.yaml ships tiles with regs");
+    for i in &moved {
+        let (producers, consumers) = i.geometry.setmaxnreg().unwrap();
+        assert!(i.name.ends_with(&format!("_px_r{consumers}")), "{}", i.name);
+        // the block's registers, as ptxas starts it, split between the sides
+        assert_eq!(i.geometry.launch_regs(), 128, "{}", i.name);
+        assert_eq!(128 * producers + 128 * consumers, 256 * 128, "{}", i.name);
+        assert_eq!(i.archs, [Arch::Sm90], "{}", i.name);
+        assert_eq!(Arch::Sm90.target(i.geometry.arch_specific()), "sm_90a");
+        let src = r.instance(i).unwrap();
+        assert!(src.contains(&format!("producer_regs = {producers};")), "{src}");
+        assert!(src.contains(&format!("consumer_regs = {consumers};")), "{src}");
+    }
+    // every other instance keeps its name, its target and its file
+    for i in exp.instances.iter().filter(|i| i.geometry.setmaxnreg().is_none()) {
+        assert!(!i.geometry.arch_specific() && !i.geometry.tag().contains("_r"), "{}", i.name);
+        let src = r.instance(i).unwrap();
+        assert!(!src.contains("_regs ="), "{}", i.name);
+    }
+    assert_eq!(Arch::Sm90.target(false), "sm_90");
+}

@@ -247,6 +247,10 @@ pub struct Dispatch<'t> {
     gpu: Option<&'static str>,
     /// The build arch whose entries this dispatch serves.
     arch: Arch,
+    /// The device's compute capability, where a device was named
+    /// ([`Dispatch::for_device`]): arch-specific code (sm_90a) serves only
+    /// its own.
+    device_cc: Option<u32>,
     /// The arithmetic of the GEMM stages' kernels (row stages: exact).
     precision: Precision,
     /// Where "on" takes the fused backward (the build's `FUSED_FASTER`).
@@ -301,6 +305,7 @@ impl<'t> Dispatch<'t> {
             smem_limit: None,
             gpu: None,
             arch,
+            device_cc: None,
             precision: Precision::Exact,
             fused_faster: &table::FUSED_FASTER,
         }
@@ -376,17 +381,21 @@ impl<'t> Dispatch<'t> {
     pub fn for_device(self, cc: u32) -> Result<Self, MixError> {
         let archs = self.archs();
         match Arch::serving(cc, &archs) {
-            Some(a) => Ok(self.with_arch(a)),
+            Some(a) => Ok(Dispatch { device_cc: Some(cc), ..self.with_arch(a) }),
             None => Err(MixError::UnsupportedArch {
                 cc,
                 built: archs.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(", "),
             }),
         }
     }
-    /// The entries of this dispatch's arch, in table order.
+    /// The entries of this dispatch's arch, in table order; on a device of
+    /// a later compute capability, less those with arch-specific code
+    /// (sm_90a runs on 9.0 alone, and its PTX does not JIT elsewhere).
     fn here(&self) -> impl Iterator<Item = &'t KernelEntry> + '_ {
-        let arch = self.arch;
-        self.entries.iter().filter(move |e| e.arch == arch)
+        let (arch, cc) = (self.arch, self.device_cc);
+        self.entries
+            .iter()
+            .filter(move |e| e.arch == arch && !(e.geometry.arch_specific() && cc.is_some_and(|cc| cc != arch.cc())))
     }
     /// Replace the supported lmax range (inclusive).
     pub fn with_lmax_range(mut self, range: (u32, u32)) -> Self {

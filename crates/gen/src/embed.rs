@@ -229,8 +229,8 @@ pub fn kernel_table(
         let i = &b.instance;
         let r = &b.resources;
         let geometry = match i.geometry {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision } => {
-                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks}, pipe: Pipe::{pipe:?}, precision: Precision::{precision:?} }}")
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision, regs } => {
+                format!("Geometry::Gemm {{ block_m: {block_m}, bn: {bn}, block_k: {block_k}, tm: {tm}, tn: {tn}, stages: {stages}, min_blocks: {min_blocks}, pipe: Pipe::{pipe:?}, precision: Precision::{precision:?}, regs: {regs} }}")
             }
             Geometry::Rows { rows, threads, min_blocks } => {
                 format!("Geometry::Rows {{ rows: {rows}, threads: {threads}, min_blocks: {min_blocks} }}")

@@ -137,18 +137,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
                         BlockK::Fixed(k) => k,
                         BlockK::Named(_) => cf,
                     };
-                    let g = Geometry::Gemm {
-                        block_m: t.block_m,
-                        bn: t.bn,
-                        block_k,
-                        tm: t.tm,
-                        tn: t.tn,
-                        stages: t.stages,
-                        min_blocks: t.min_blocks,
-                        pipe: t.pipe,
-                        precision: t.precision,
-                    };
-                    v.push((g, specs.archs_of(t.archs.as_deref())));
+                    v.push((t.geometry(block_k), specs.archs_of(t.archs.as_deref())));
                 }
             }
         }

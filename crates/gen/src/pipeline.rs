@@ -188,7 +188,8 @@ fn compile_all(
                         let src = cuda.join(format!("{name}.cu"));
                         let mut key = common.clone();
                         key.extend(rendered[i + 1].1.as_bytes());
-                        out.push(compile(tc, arch.as_str(), name, &src, cuda, &key, cache).map(|c| (k, c)));
+                        let target = arch.target(exp.instances[i].geometry.arch_specific());
+                        out.push(compile(tc, target, name, &src, cuda, &key, cache).map(|c| (k, c)));
                     }
                     out
                 })

@@ -165,7 +165,7 @@ impl Renderer {
         };
         // Every field is rendered; -1 marks a buffer the stage does not use.
         let opt = |v: Option<u32>| v.map(i64::from).unwrap_or(-1);
-        let consts: Vec<(&str, i64)> = vec![
+        let mut consts: Vec<(&str, i64)> = vec![
             ("apad", l.apad.into()),
             ("a_pitch", opt(l.a_pitch)),
             ("b_pitch", opt(l.b_pitch)),
@@ -182,6 +182,12 @@ impl Renderer {
             ("panel", opt(l.panel)),
             ("producers", producers.into()),
         ];
+        // setmaxnreg's counts, only where the tile sets `regs` (the
+        // template's RegSplit reads 0 without them: other instances' files
+        // stay as they were).
+        if let Some((p, c)) = inst.geometry.setmaxnreg() {
+            consts.extend([("producer_regs", p.into()), ("consumer_regs", c.into())]);
+        }
         let mut ctx = tera::Context::new();
         ctx.insert("name", &inst.name);
         ctx.insert("stage", inst.stage.as_str());

@@ -4,7 +4,7 @@
 //! and the field. Every number is bounded here, so the arithmetic of
 //! expansion and layout cannot overflow (and checks that it does not).
 
-use crate::kinds::{Arch, Dtype, Layers, Pass, Pipe, Precision, Serves, Stage, StageRole, Variant};
+use crate::kinds::{Arch, Dtype, Geometry, Layers, Pass, Pipe, Precision, Serves, Stage, StageRole, Variant};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -216,6 +216,29 @@ pub struct GemmTileSpec {
     /// The target archs this tile is built for (default: all of stages.yaml's).
     #[serde(default)]
     pub archs: Option<Vec<Arch>>,
+    /// Registers per consumer thread (pipe: split, archs [sm_90]): the
+    /// consumers raise their count to this with `setmaxnreg`, the producer
+    /// warpgroup lowers its own to the rest of the block's registers.
+    #[serde(default)]
+    pub regs: Option<u32>,
+}
+
+impl GemmTileSpec {
+    /// The tile's geometry at K chunk `block_k`.
+    pub fn geometry(&self, block_k: u32) -> Geometry {
+        Geometry::Gemm {
+            block_m: self.block_m,
+            bn: self.bn,
+            block_k,
+            tm: self.tm,
+            tn: self.tn,
+            stages: self.stages,
+            min_blocks: self.min_blocks,
+            pipe: self.pipe,
+            precision: self.precision,
+            regs: self.regs.unwrap_or(0),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -779,6 +802,9 @@ impl Specs {
                         ),
                     ));
                 }
+                if let Some(regs) = t.regs {
+                    self.regs_tile(&field, t, regs)?;
+                }
                 if let Some(j) = tiles[..i].iter().position(|u| same_tile(u, t)) {
                     return Err(self.invalid(
                         "tiles.yaml",
@@ -818,6 +844,41 @@ impl Specs {
             }
         }
         self.validate_defaults()
+    }
+
+    /// `regs`: `setmaxnreg` (sm_90a) between the split pipe's two
+    /// warpgroup-aligned sides, each side's count in 24..=256 and a
+    /// multiple of 8, the consumers' above the launch cap (else the move
+    /// gives nothing), and the two within the block's registers.
+    fn regs_tile(&self, field: &dyn Fn(&str) -> String, t: &GemmTileSpec, regs: u32) -> Result<(), SpecError> {
+        let bad = |m: String| Err(self.invalid("tiles.yaml", field("regs"), m));
+        if t.pipe != Pipe::Split {
+            return bad("regs moves registers from the producers to the consumers: pipe split only".into());
+        }
+        if t.archs.as_deref() != Some(&[Arch::Sm90]) {
+            return bad("regs uses setmaxnreg, an sm_90a instruction: the tile needs `archs: [sm_90]`".into());
+        }
+        let consumers = (t.block_m / t.tm) * (t.bn / t.tn);
+        if !consumers.is_multiple_of(128) {
+            return bad(format!(
+                "setmaxnreg runs per warpgroup: (block_m/tm) * (bn/tn) = {consumers} consumers, not a multiple of 128"
+            ));
+        }
+        if !regs.is_multiple_of(8) || !(24..=256).contains(&regs) {
+            return bad(format!("{regs}: setmaxnreg takes a multiple of 8 in 24..=256"));
+        }
+        let g = t.geometry(0);
+        let cap = g.launch_regs();
+        if regs <= cap {
+            return bad(format!("{regs} is not above the launch cap of {cap} registers per thread: nothing to move"));
+        }
+        match g.setmaxnreg() {
+            Some((producers, _)) if producers >= 24 => Ok(()),
+            _ => bad(format!(
+                "{consumers} consumers at {regs} leave the {} producers fewer than 24 registers each (the block has {cap} per thread)",
+                crate::kinds::WS_PRODUCER_THREADS
+            )),
+        }
     }
 
     /// What the fp16x3 core (templates/core.cuh: x3::chunk) is written for:
@@ -932,7 +993,7 @@ fn overlaps(a: &RowsTileSpec, b: &RowsTileSpec) -> bool {
 /// Two GEMM entries that give one (dtype, Cf) the same geometry, hence one
 /// name (`block_k: cf` equals the number Cf).
 fn same_tile(a: &GemmTileSpec, b: &GemmTileSpec) -> bool {
-    let rest = |t: &GemmTileSpec| (t.block_m, t.bn, t.tm, t.tn, t.stages, t.min_blocks, t.pipe, t.precision);
+    let rest = |t: &GemmTileSpec| (t.block_m, t.bn, t.tm, t.tn, t.stages, t.min_blocks, t.pipe, t.precision, t.regs);
     if rest(a) != rest(b) || !shares_axis(&a.dtypes, &b.dtypes) {
         return false;
     }

@@ -227,8 +227,11 @@ pub enum Pipe {
 }
 
 /// Producer threads of a `pipe: ws` or `pipe: split` block (four warps: one
-/// per scheduler).
+/// per scheduler; one warpgroup, as `setmaxnreg` needs).
 pub const WS_PRODUCER_THREADS: u32 = 128;
+
+/// 32-bit registers per SM (every arch built).
+pub const REGISTER_FILE: u64 = 65_536;
 
 impl Pipe {
     pub fn tag(self) -> &'static str {
@@ -328,7 +331,9 @@ pub enum Geometry {
     /// `stages`: shared-memory stages of the K loop (2: the next chunk is
     /// loaded while this one computes); `min_blocks`: the second argument of
     /// `__launch_bounds__` (>1 caps registers for occupancy).
-    /// `precision`: the block products' arithmetic.
+    /// `precision`: the block products' arithmetic. `regs` (pipe: split,
+    /// sm_90; 0: none): the consumer threads' registers, which `setmaxnreg`
+    /// moves from the producer warpgroup ([`Geometry::setmaxnreg`]).
     Gemm {
         block_m: u32,
         bn: u32,
@@ -339,6 +344,7 @@ pub enum Geometry {
         min_blocks: u32,
         pipe: Pipe,
         precision: Precision,
+        regs: u32,
     },
     /// ROWS edges per block, THREADS threads; `min_blocks` as for Gemm.
     Rows { rows: u32, threads: u32, min_blocks: u32 },
@@ -380,12 +386,44 @@ impl Geometry {
             Geometry::Rows { rows, .. } => rows,
         }
     }
+    /// The registers per thread a block starts with: ptxas's cap from
+    /// `__launch_bounds__(threads, min_blocks)` (the register file, 64 K,
+    /// shared by min_blocks blocks; 255 at most; whole 8-register steps).
+    pub fn launch_regs(&self) -> u32 {
+        let min_blocks = match *self {
+            Geometry::Gemm { min_blocks, .. } | Geometry::Rows { min_blocks, .. } => min_blocks,
+        };
+        let per_thread = REGISTER_FILE / (self.threads().max(1) as u64 * min_blocks.max(1) as u64);
+        (per_thread.min(255) as u32) / 8 * 8
+    }
+    /// `setmaxnreg`'s two counts, (producers, consumers), where the tile
+    /// sets `regs`: the consumers take `regs` each and the producers keep
+    /// the rest of the block's registers ([`Geometry::launch_regs`] per
+    /// thread), in whole 8-register steps. `None`: ptxas allocates alone.
+    pub fn setmaxnreg(&self) -> Option<(u32, u32)> {
+        match *self {
+            Geometry::Gemm { block_m, bn, tm, tn, regs, .. } if regs > 0 => {
+                let consumers = (block_m / tm) as u64 * (bn / tn) as u64;
+                let pool = self.launch_regs() as u64 * self.threads() as u64;
+                let left = pool.checked_sub(consumers * regs as u64)? / WS_PRODUCER_THREADS as u64;
+                Some(((left.min(256) as u32) / 8 * 8, regs))
+            }
+            _ => None,
+        }
+    }
+    /// Whether the instance uses instructions of its arch's "a" target
+    /// (sm_90a: `setmaxnreg`): its code runs on that compute capability
+    /// only, never on a later one through the driver's JIT.
+    pub fn arch_specific(&self) -> bool {
+        self.setmaxnreg().is_some()
+    }
     /// The tile part of the canonical name.
     pub fn tag(&self) -> String {
         match *self {
-            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision } => {
+            Geometry::Gemm { block_m, bn, block_k, tm, tn, stages, min_blocks, pipe, precision, regs } => {
+                let regs = if regs > 0 { format!("_r{regs}") } else { String::new() };
                 format!(
-                    "m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}_{}{}",
+                    "m{block_m}_n{bn}_k{block_k}_t{tm}x{tn}_s{stages}_b{min_blocks}_{}{regs}{}",
                     pipe.tag(),
                     precision.tag()
                 )
@@ -474,6 +512,14 @@ impl Arch {
         match self {
             Arch::Sm80 => 163 * 1024,
             Arch::Sm90 => 227 * 1024,
+        }
+    }
+    /// The ptxas target of an instance: the arch, or its "a" variant
+    /// (sm_90a) for code that uses arch-specific instructions.
+    pub fn target(self, arch_specific: bool) -> &'static str {
+        match (self, arch_specific) {
+            (Arch::Sm90, true) => "sm_90a",
+            (a, _) => a.as_str(),
         }
     }
     /// Which of the `built` archs serves a device of compute capability
