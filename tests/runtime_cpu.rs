@@ -1095,7 +1095,18 @@ fn arch_specific_tiles_serve_their_own_compute_capability_only() {
         let e = later.default_for(Stage::BwdFused, Dtype::F32, 32, 3).unwrap();
         assert!(!e.geometry.arch_specific(), "cc {cc}: {}", e.name);
         assert_eq!(later.decide_backward_path(Dtype::F32, 32, Request::Always).path, Path::Fused, "cc {cc}");
+        // named: refused, saying why (not a JIT failure at launch)
+        let tiles = TileOverride::new().with(Stage::BwdFused, hopper.name);
+        match later.select(Stage::BwdFused, Dtype::F32, 32, 3, &tiles) {
+            Err(e @ MixError::BadOverride { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("sm_90a") && msg.contains("9.0 only"), "cc {cc}: {msg}");
+            }
+            other => panic!("cc {cc}: expected BadOverride, got {other:?}"),
+        }
     }
+    let tiles = TileOverride::new().with(Stage::BwdFused, hopper.name);
+    assert_eq!(d.for_device(90).unwrap().select(Stage::BwdFused, Dtype::F32, 32, 3, &tiles).unwrap().name, hopper.name);
 }
 
 #[test]

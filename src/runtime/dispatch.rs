@@ -393,9 +393,8 @@ impl<'t> Dispatch<'t> {
     /// (sm_90a runs on 9.0 alone, and its PTX does not JIT elsewhere).
     fn here(&self) -> impl Iterator<Item = &'t KernelEntry> + '_ {
         let (arch, cc) = (self.arch, self.device_cc);
-        self.entries
-            .iter()
-            .filter(move |e| e.arch == arch && !(e.geometry.arch_specific() && cc.is_some_and(|cc| cc != arch.cc())))
+        let later = cc.is_some_and(|cc| cc != arch.cc());
+        self.entries.iter().filter(move |e| e.arch == arch && !(later && e.geometry.arch_specific()))
     }
     /// Replace the supported lmax range (inclusive).
     pub fn with_lmax_range(mut self, range: (u32, u32)) -> Self {
@@ -521,6 +520,17 @@ impl<'t> Dispatch<'t> {
     ) -> Result<&'t KernelEntry, MixError> {
         let bad = |why: String| MixError::BadOverride { stage, dtype, cf, name: name.to_string(), why };
         let Some(e) = self.by_name(name) else {
+            if let Some(e) = self.entries.iter().find(|e| e.name == name && e.arch == self.arch) {
+                let cc = self.device_cc.unwrap_or(0);
+                return Err(bad(format!(
+                    "is {} code (its tile's `regs`: setmaxnreg), which runs on compute capability {}.{} only, not on this device's {}.{}",
+                    self.arch.target(e.geometry.arch_specific()),
+                    self.arch.cc() / 10,
+                    self.arch.cc() % 10,
+                    cc / 10,
+                    cc % 10
+                )));
+            }
             if self.entries.iter().any(|e| e.name == name) {
                 return Err(bad(format!("is not built for {}, the arch this dispatch serves", self.arch)));
             }

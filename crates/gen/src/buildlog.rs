@@ -40,6 +40,11 @@ pub fn committed(crate_dir: &Path) -> Option<Manifest> {
 
 /// ptxas's numbers for a rejected instance, as the build and `mixstack report` print them.
 pub fn spills(i: &ManifestInstance) -> String {
+    if i.spill_stores == 0 && i.spill_loads == 0 {
+        // the one other rejection (check::accepts): a register move sized
+        // from another starting count
+        return format!("starts at {} registers, not the count its `regs` move was sized from", i.registers);
+    }
     format!(
         "spills {} B stores, {} B loads ({} registers, {} B stack)",
         i.spill_stores, i.spill_loads, i.registers, i.stack_bytes

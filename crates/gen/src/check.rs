@@ -1,5 +1,6 @@
 //! Stage 5: read ptxas's resource report and gate on spills.
 
+use crate::kinds::Geometry;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,6 +25,15 @@ impl Resources {
 pub struct ReportError {
     pub entry: String,
     pub what: &'static str,
+}
+
+/// Whether an instance goes into dispatch: it does not spill, and where
+/// its tile moves registers (tiles.yaml `regs`) its block starts with
+/// exactly the count the move was sized from (`Geometry::launch_regs`):
+/// with fewer, the consumers' `setmaxnreg.inc` would wait forever for
+/// registers the producers never had.
+pub fn accepts(geometry: &Geometry, r: &Resources) -> bool {
+    !r.spills() && (geometry.setmaxnreg().is_none() || r.registers == geometry.launch_regs())
 }
 
 fn number_before(line: &str, unit: &str) -> Option<u32> {
@@ -97,6 +107,29 @@ ptxas info    : Used 40 registers, used 1 barriers, 380 bytes cmem[0]\n";
         let b = parse_report(SAMPLE, "ms_b").unwrap();
         assert_eq!(b.registers, 40);
         assert!(!b.spills());
+    }
+
+    #[test]
+    fn a_register_move_needs_the_count_it_was_sized_from() {
+        use crate::kinds::{Pipe, Precision};
+        let split = |regs| Geometry::Gemm {
+            block_m: 64,
+            bn: 128,
+            block_k: 16,
+            tm: 8,
+            tn: 8,
+            stages: 2,
+            min_blocks: 2,
+            pipe: Pipe::Split,
+            precision: Precision::Exact,
+            regs,
+        };
+        let at = |registers| Resources { registers, ..Default::default() };
+        assert!(accepts(&split(192), &at(128)), "2 blocks of 256 start at 128");
+        assert!(!accepts(&split(192), &at(120)), "fewer: the consumers' inc would never be met");
+        assert!(accepts(&split(0), &at(120)), "no move: ptxas's own count");
+        let spilled = Resources { spill_stores: 4, ..at(128) };
+        assert!(!accepts(&split(192), &spilled) && !accepts(&split(0), &spilled));
     }
 
     #[test]

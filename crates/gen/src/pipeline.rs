@@ -3,7 +3,7 @@
 //! buildlog.rs for what they say).
 
 use super::buildlog::{self, Origin};
-use super::check::{parse_report, ReportError, Resources};
+use super::check::{accepts, parse_report, ReportError, Resources};
 use super::compile::{compile, CompileError, Toolchain, INSTALL_HINT};
 use super::embed::{self, Built, Manifest, NoInstance};
 use super::expand::{expand, Expansion};
@@ -208,10 +208,11 @@ fn compile_all(
         let (inst, c) = (&exp.instances[i], c.expect("every job ran"));
         cached += c.cached as usize;
         let resources = parse_report(&c.report, &inst.name)?;
+        let accepted = accepts(&inst.geometry, &resources);
         built.push(Built {
             instance: inst.clone(),
             arch,
-            accepted: !resources.spills(),
+            accepted,
             resources,
             is_default: false,
             ptx: Some(c.ptx),
@@ -258,7 +259,7 @@ fn from_snapshot(
             smem_static: row.smem_static,
         };
         let ptx = snapshot::ptx_path(&dir, arch, &inst.name);
-        let accepted = !resources.spills();
+        let accepted = accepts(&inst.geometry, &resources);
         if accepted && !ptx.exists() {
             return Err(PipelineError::Snapshot(format!("{} is missing; re-bless with the toolchain", ptx.display())));
         }

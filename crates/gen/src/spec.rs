@@ -864,8 +864,11 @@ impl Specs {
                 "setmaxnreg runs per warpgroup: (block_m/tm) * (bn/tn) = {consumers} consumers, not a multiple of 128"
             ));
         }
-        if !regs.is_multiple_of(8) || !(24..=256).contains(&regs) {
-            return bad(format!("{regs}: setmaxnreg takes a multiple of 8 in 24..=256"));
+        if !regs.is_multiple_of(8) {
+            return bad(format!("{regs}: setmaxnreg takes a multiple of 8"));
+        }
+        if !(24..=256).contains(&regs) {
+            return bad(format!("{regs}: setmaxnreg takes 24 to 256 registers per thread"));
         }
         let g = t.geometry(0);
         let cap = g.launch_regs();

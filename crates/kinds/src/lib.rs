@@ -397,12 +397,13 @@ impl Geometry {
         (per_thread.min(255) as u32) / 8 * 8
     }
     /// `setmaxnreg`'s two counts, (producers, consumers), where the tile
-    /// sets `regs`: the consumers take `regs` each and the producers keep
+    /// sets `regs` (pipe: split, the only walk with a producer warpgroup
+    /// to take them from): the consumers take `regs` each and the producers keep
     /// the rest of the block's registers ([`Geometry::launch_regs`] per
     /// thread), in whole 8-register steps. `None`: ptxas allocates alone.
     pub fn setmaxnreg(&self) -> Option<(u32, u32)> {
         match *self {
-            Geometry::Gemm { block_m, bn, tm, tn, regs, .. } if regs > 0 => {
+            Geometry::Gemm { block_m, bn, tm, tn, regs, pipe: Pipe::Split, .. } if regs > 0 => {
                 let consumers = (block_m / tm) as u64 * (bn / tn) as u64;
                 let pool = self.launch_regs() as u64 * self.threads() as u64;
                 let left = pool.checked_sub(consumers * regs as u64)? / WS_PRODUCER_THREADS as u64;
