@@ -216,7 +216,11 @@ impl Kernels {
             let why = if entry.ptx.is_empty() { "has no PTX" } else { "has a NUL byte in its PTX" };
             return match cubin_err {
                 Some(e) => Err(MixError::driver(
-                    format!("loading the {} cubin of {} (which {why})", entry.arch, entry.name),
+                    format!(
+                        "loading the {} cubin of {} (which {why})",
+                        entry.arch.target(entry.geometry.arch_specific()),
+                        entry.name
+                    ),
                     e,
                 )),
                 None => Err(MixError::TableInconsistent { kernel: entry.name, why: format!("no cubin and {why}") }),

@@ -126,7 +126,11 @@ pub fn run(json: bool) -> CliResult {
             i.registers,
             i.spill_stores,
             i.spill_loads,
-            if i.accepted { "yes" } else { "SPILLS" },
+            match (i.accepted, i.spill_stores > 0 || i.spill_loads > 0) {
+                (true, _) => "yes",
+                (false, true) => "SPILLS",
+                (false, false) => "REGS", // a register move sized from another count (check::accepts)
+            },
             match (i.is_default, i.precision) {
                 (false, _) => "",
                 (true, Precision::Exact) => "yes",
