@@ -392,9 +392,12 @@ impl<'t> Dispatch<'t> {
     /// a later compute capability, less those with arch-specific code
     /// (sm_90a runs on 9.0 alone, and its PTX does not JIT elsewhere).
     fn here(&self) -> impl Iterator<Item = &'t KernelEntry> + '_ {
-        let (arch, cc) = (self.arch, self.device_cc);
-        let later = cc.is_some_and(|cc| cc != arch.cc());
-        self.entries.iter().filter(move |e| e.arch == arch && !(later && e.geometry.arch_specific()))
+        self.entries.iter().filter(move |e| e.arch == self.arch && !self.not_on_this_device(e))
+    }
+    /// Whether `e` is arch-specific code (sm_90a) and the named device is of
+    /// another compute capability than its arch.
+    fn not_on_this_device(&self, e: &KernelEntry) -> bool {
+        self.device_cc.is_some_and(|cc| cc != self.arch.cc()) && e.geometry.arch_specific()
     }
     /// Replace the supported lmax range (inclusive).
     pub fn with_lmax_range(mut self, range: (u32, u32)) -> Self {
@@ -520,11 +523,11 @@ impl<'t> Dispatch<'t> {
     ) -> Result<&'t KernelEntry, MixError> {
         let bad = |why: String| MixError::BadOverride { stage, dtype, cf, name: name.to_string(), why };
         let Some(e) = self.by_name(name) else {
-            if let Some(e) = self.entries.iter().find(|e| e.name == name && e.arch == self.arch) {
-                let cc = self.device_cc.unwrap_or(0);
+            if self.entries.iter().any(|e| e.name == name && e.arch == self.arch && self.not_on_this_device(e)) {
+                let cc = self.device_cc.unwrap_or_default();
                 return Err(bad(format!(
                     "is {} code (its tile's `regs`: setmaxnreg), which runs on compute capability {}.{} only, not on this device's {}.{}",
-                    self.arch.target(e.geometry.arch_specific()),
+                    self.arch.target(true),
                     self.arch.cc() / 10,
                     self.arch.cc() % 10,
                     cc / 10,

@@ -145,7 +145,7 @@ pub fn run(json: bool) -> CliResult {
     let rejected: Vec<&ManifestInstance> = m.instances.iter().filter(|i| !i.accepted).collect();
     println!("\n# rejected: {} instance builds spill (ptxas): no code embedded, never dispatched", rejected.len());
     for i in rejected {
-        println!("{:<52} {:<5} {}", i.name, i.arch.as_str(), buildlog::spills(i));
+        println!("{:<52} {:<5} {}", i.name, i.arch.as_str(), buildlog::rejection(i));
     }
     println!("\n# dispatch per (arch, stage, dtype, precision, cf): instance [lmax range]");
     let mut i = 0;

@@ -38,11 +38,11 @@ pub fn committed(crate_dir: &Path) -> Option<Manifest> {
     serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
 }
 
-/// ptxas's numbers for a rejected instance, as the build and `mixstack report` print them.
-pub fn spills(i: &ManifestInstance) -> String {
+/// Why an instance was rejected, from ptxas's numbers, as the build and
+/// `mixstack report` print it (check::accepts: spills, or a register move
+/// sized from another starting count).
+pub fn rejection(i: &ManifestInstance) -> String {
     if i.spill_stores == 0 && i.spill_loads == 0 {
-        // the one other rejection (check::accepts): a register move sized
-        // from another starting count
         return format!("starts at {} registers, not the count its `regs` move was sized from", i.registers);
     }
     format!(
@@ -112,7 +112,7 @@ pub fn lines(now: &Manifest, committed: Option<&Manifest>, origin: &Origin, bles
     )];
     for i in new {
         let was = if accepted_before.contains(&key(i)) { "accepted in the snapshot" } else { "not in the snapshot" };
-        out.push(format!("rejected {} on {} ({was}): {}", i.name, i.arch, spills(i)));
+        out.push(format!("rejected {} on {} ({was}): {}", i.name, i.arch, rejection(i)));
     }
     for p in new_pruned {
         out.push(format!("pruned {}: {}", p.name, p.reason));
