@@ -631,6 +631,7 @@ __device__ __forceinline__ void mma_stream(T (&acc)[TM][TN], const T* As, int ak
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM;
   // A thread's column groups lie TX * W apart: those at or past `live` (the
   // tile's columns inside N, block-uniform) are neither loaded nor summed.
+  // Predicated, not branched: their FFMAs still take issue slots (run 113).
   auto on = [&](int j) { return j < W || j / W * TX * W < live; };
 #pragma unroll
   for (int k4 = 0; k4 < BK; k4 += W) {
