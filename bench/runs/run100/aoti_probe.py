@@ -5,6 +5,9 @@
 #   plain: a Linear, no custom op (the machine's AOTInductor alone);
 #   plain_cuda: the same on the GPU;
 #   op: a module calling torch.ops.mixstack.stack (CPU), with the op library.
+# Run 116 found all three dying in the package's std::regex, in
+# regex_traits<char>::transform (std::collate -> strxfrm_l): a locale
+# question, so "plain" runs again with LC_ALL=C and with no locale variable.
 #   python3 bench/runs/run100/aoti_probe.py
 import os
 import subprocess
@@ -25,7 +28,7 @@ LOAD = (
 )
 
 
-def probe(name, module, args, lib=""):
+def probe(name, module, args, lib="", env_edit=None):
     with tempfile.TemporaryDirectory() as d:
         try:
             pt2 = torch._inductor.aoti_compile_and_package(
@@ -38,6 +41,8 @@ def probe(name, module, args, lib=""):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         if os.environ.get("SEGV_TRACE"):
             env["LD_PRELOAD"] = os.environ["SEGV_TRACE"]
+        if env_edit:
+            env_edit(env)
         r = subprocess.run(
             [sys.executable, "-X", "faulthandler", "-c", LOAD, lib, pt2, os.path.join(d, "args.pt")],
             capture_output=True, text=True, env=env, cwd=d,
@@ -49,7 +54,10 @@ def probe(name, module, args, lib=""):
 
 lin = torch.nn.Linear(8, 4)
 x = torch.randn(3, 8)
+print("locale variables:", {k: v for k, v in os.environ.items() if k == "LANG" or k.startswith("LC_")}, flush=True)
 probe("plain", lin, (x,))
+probe("plain_lc_all_c", lin, (x,), env_edit=lambda e: e.update(LC_ALL="C"))
+probe("plain_no_locale", lin, (x,), env_edit=lambda e: [e.pop(k) for k in list(e) if k == "LANG" or k.startswith("LC_")])
 if torch.cuda.is_available():
     probe("plain_cuda", torch.nn.Linear(8, 4).cuda(), (x.cuda(),))
 sys.path.insert(0, "python")
