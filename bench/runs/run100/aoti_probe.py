@@ -5,9 +5,10 @@
 #   plain: a Linear, no custom op (the machine's AOTInductor alone);
 #   plain_cuda: the same on the GPU;
 #   op: a module calling torch.ops.mixstack.stack (CPU), with the op library.
-# Run 116 found all three dying in the package's std::regex, in
-# regex_traits<char>::transform (std::collate -> strxfrm_l): a locale
-# question, so "plain" runs again with LC_ALL=C and with no locale variable.
+# Run 116 found all three dying in the package's std::regex: its top frame,
+# cut short in the log, ends like regex_traits<char>::transform or
+# transform_primary, which go through std::collate, so perhaps a locale
+# question: "plain" runs again with LC_ALL=C and with no locale variable.
 #   python3 bench/runs/run100/aoti_probe.py
 import os
 import subprocess
