@@ -50,7 +50,9 @@ def probe(name, module, args, lib="", env_edit=None):
         )
         print(f"{name}: exit {r.returncode}; stdout {r.stdout.strip()!r}", flush=True)
         if r.returncode != 0:
-            print(r.stderr[-6000:], flush=True)
+            # the native backtrace's top frames come first (run 116 kept only the tail)
+            err = r.stderr
+            print(err if len(err) <= 9000 else err[:5000] + "\n[...]\n" + err[-4000:], flush=True)
 
 
 lin = torch.nn.Linear(8, 4)
