@@ -107,13 +107,15 @@ pub fn run(json: bool) -> CliResult {
         m.lmax.0,
         m.lmax.1
     );
+    // the name column as wide as the longest name, so every row lines up
+    let w = m.instances.iter().map(|i| i.name.len()).max().unwrap_or(0).max("name".len());
     println!(
-        "{:<52} {:<5} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  dispatched",
+        "{:<w$} {:<5} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  dispatched",
         "name", "arch", "stage", "var", "dt", "cf", "block_m", "bn", "thr", "regs", "spillS", "spillL", "accepted"
     );
     for i in &m.instances {
         println!(
-            "{:<52} {:<5} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  {}",
+            "{:<w$} {:<5} {:<15} {:<6} {:<4} {:>4} {:>7} {:>4} {:>5} {:>5} {:>6} {:>6} {:>8}  {}",
             i.name,
             i.arch.as_str(),
             i.stage.as_str(),
@@ -143,9 +145,13 @@ pub fn run(json: bool) -> CliResult {
         println!("pruned {}: {}", p.name, p.reason);
     }
     let rejected: Vec<&ManifestInstance> = m.instances.iter().filter(|i| !i.accepted).collect();
-    println!("\n# rejected: {} instance builds spill (ptxas): no code embedded, never dispatched", rejected.len());
+    println!(
+        "\n# rejected: {} instance builds spill or start at another register count than their move (ptxas): \
+         no code embedded, never dispatched",
+        rejected.len()
+    );
     for i in rejected {
-        println!("{:<52} {:<5} {}", i.name, i.arch.as_str(), buildlog::rejection(i));
+        println!("{:<w$} {:<5} {}", i.name, i.arch.as_str(), buildlog::rejection(i));
     }
     println!("\n# dispatch per (arch, stage, dtype, precision, cf): instance [lmax range]");
     let mut i = 0;
