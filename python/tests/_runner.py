@@ -1,11 +1,24 @@
 """Runs a test module's ``test_*`` functions as a script: PASS/FAIL lines
 (with the failing frames), exit status 1 on a failure, SKIP (status 0)
-without torch."""
+without torch, and a SKIP line with its reason for a test that calls
+``skip`` (under pytest, ``skip`` is pytest's)."""
 
 
 import faulthandler
 import sys
 import traceback
+
+
+class Skipped(Exception):
+    """A test that cannot run here; its message says why."""
+
+
+def skip(reason):
+    if "pytest" in sys.modules:
+        import pytest
+
+        pytest.skip(reason)
+    raise Skipped(reason)
 
 
 def run(namespace, torch):
@@ -21,6 +34,8 @@ def run(namespace, torch):
             try:
                 fn()
                 print(f"PASS {name}")
+            except Skipped as e:
+                print(f"SKIP {name}: {e}")
             except Exception as e:  # noqa: BLE001
                 failed += 1
                 print(f"FAIL {name}: {type(e).__name__}: {e}")
