@@ -72,17 +72,24 @@ pub fn lines(now: &Manifest, committed: Option<&Manifest>, origin: &Origin, bles
     let known_pruned = now.pruned.len() - new_pruned.len();
 
     let report = "`mixstack report` lists them";
+    // check::accepts' two reasons, named as the rejected rows have them
+    let spilled = rejected.iter().filter(|i| i.spill_stores > 0 || i.spill_loads > 0).count();
+    let why = match (spilled, rejected.len() - spilled) {
+        (_, 0) => "for spills",
+        (0, _) => "for register moves",
+        _ => "for spills or register moves",
+    };
     let rejections = match (known, new.len()) {
         (0, 0) => "0 rejected".to_string(),
-        (k, 0) => format!("{k} rejected for spills, as in the snapshot ({report})"),
+        (k, 0) => format!("{k} rejected {why}, as in the snapshot ({report})"),
         (0, n) if committed.is_none() => format!(
-            "{n} rejected for spills, named below (no readable {}/{} to compare with)",
+            "{n} rejected {why}, named below (no readable {}/{} to compare with)",
             snapshot::DIR,
             snapshot::MANIFEST_FILE
         ),
-        (0, n) => format!("{n} rejected for spills, new since the snapshot, named below"),
+        (0, n) => format!("{n} rejected {why}, new since the snapshot, named below"),
         (k, n) => format!(
-            "{} rejected for spills: {k} as in the snapshot ({report}), {n} new since the snapshot, named below",
+            "{} rejected {why}: {k} as in the snapshot ({report}), {n} new since the snapshot, named below",
             k + n
         ),
     };

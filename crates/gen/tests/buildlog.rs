@@ -87,6 +87,24 @@ fn instance_accepted_in_snapshot_but_rejected_now_is_named() {
 }
 
 #[test]
+fn a_register_move_rejection_is_counted_and_named_as_one() {
+    // ms_r spills nothing but was rejected (check::accepts: started at
+    // another count than its `regs` move was sized from).
+    let mut now = snapshot();
+    now.instances.push(ManifestInstance { accepted: false, ..inst("ms_r", 0, 0, 168, 0) });
+    let out = lines(&now, Some(&snapshot()), &toolchain(), false);
+    assert_eq!(out.len(), 2, "{out:#?}");
+    assert!(out[0].contains("3 rejected for spills or register moves: 2 as in the snapshot"), "{}", out[0]);
+    assert_eq!(
+        out[1],
+        "rejected ms_r on sm_90 (not in the snapshot): starts at 168 registers, not the count its `regs` move was sized from"
+    );
+    let only = manifest(vec![ManifestInstance { accepted: false, ..inst("ms_r", 0, 0, 168, 0) }]);
+    let out = lines(&only, Some(&only), &toolchain(), false);
+    assert!(out[0].contains("1 rejected for register moves, as in the snapshot"), "{}", out[0]);
+}
+
+#[test]
 fn a_rejection_on_a_new_arch_is_named_with_the_arch() {
     // ms_b builds for sm_80 too now, and spills there only.
     let mut now = snapshot();
