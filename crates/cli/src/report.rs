@@ -146,8 +146,8 @@ pub fn run(json: bool) -> CliResult {
     }
     let rejected: Vec<&ManifestInstance> = m.instances.iter().filter(|i| !i.accepted).collect();
     println!(
-        "\n# rejected: {} instance builds spill or start at another register count than their move (ptxas): \
-         no code embedded, never dispatched",
+        "\n# rejected {} (ptxas): {} instance builds, no code embedded, never dispatched",
+        buildlog::rejected_for(&rejected),
         rejected.len()
     );
     for i in rejected {

@@ -51,6 +51,17 @@ pub fn rejection(i: &ManifestInstance) -> String {
     )
 }
 
+/// check::accepts' two reasons, named as the rejected rows have them: "for
+/// spills", "for register moves" or "for spills or register moves".
+pub fn rejected_for(rejected: &[&ManifestInstance]) -> &'static str {
+    let spilled = rejected.iter().filter(|i| i.spill_stores > 0 || i.spill_loads > 0).count();
+    match (spilled, rejected.len() - spilled) {
+        (_, 0) => "for spills",
+        (0, _) => "for register moves",
+        _ => "for spills or register moves",
+    }
+}
+
 /// The build's lines: the summary first, then each rejected instance the
 /// snapshot does not reject (absent there, or accepted there) with its
 /// spills, each pruned instance the snapshot did not prune, and, unless this
@@ -72,13 +83,7 @@ pub fn lines(now: &Manifest, committed: Option<&Manifest>, origin: &Origin, bles
     let known_pruned = now.pruned.len() - new_pruned.len();
 
     let report = "`mixstack report` lists them";
-    // check::accepts' two reasons, named as the rejected rows have them
-    let spilled = rejected.iter().filter(|i| i.spill_stores > 0 || i.spill_loads > 0).count();
-    let why = match (spilled, rejected.len() - spilled) {
-        (_, 0) => "for spills",
-        (0, _) => "for register moves",
-        _ => "for spills or register moves",
-    };
+    let why = rejected_for(&rejected);
     let rejections = match (known, new.len()) {
         (0, 0) => "0 rejected".to_string(),
         (k, 0) => format!("{k} rejected {why}, as in the snapshot ({report})"),
