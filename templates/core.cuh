@@ -1188,7 +1188,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       }
     }
     if constexpr (PREC == 0) {
-      // Several column groups per thread (tn > 4): the last column tile of
+      // Several column groups per thread (tn > W): the last column tile of
       // a segment may end inside the tile (seg1 N 192 at bn 128).
       const int live = TN > W ? (cw.s ? seg1.N : seg0.N) - cw.ct * BN : BN;
       mma_stream<T, BM, BN, BK, TM, TN, BP>(acc, as, AK, Bs + cst * B_STAGE, ty, tx, live);

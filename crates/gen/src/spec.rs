@@ -858,7 +858,8 @@ impl Specs {
         if t.archs.as_deref() != Some(&[Arch::Sm90]) {
             return bad("regs uses setmaxnreg, an sm_90a instruction: the tile needs `archs: [sm_90]`".into());
         }
-        let consumers = (t.block_m / t.tm) * (t.bn / t.tn);
+        let g = t.geometry(0);
+        let consumers = g.consumer_threads();
         if !consumers.is_multiple_of(128) {
             return bad(format!(
                 "setmaxnreg runs per warpgroup: (block_m/tm) * (bn/tn) = {consumers} consumers, not a multiple of 128"
@@ -870,7 +871,6 @@ impl Specs {
         if !(24..=256).contains(&regs) {
             return bad(format!("{regs}: setmaxnreg takes 24 to 256 registers per thread"));
         }
-        let g = t.geometry(0);
         let cap = g.launch_regs();
         if regs <= cap {
             return bad(format!("{regs} is not above the launch cap of {cap} registers per thread: nothing to move"));

@@ -353,14 +353,15 @@ pub enum Geometry {
 impl Geometry {
     pub fn threads(&self) -> u32 {
         match *self {
-            Geometry::Gemm { block_m, bn, tm, tn, pipe, .. } => {
-                let consumers = (block_m / tm) * (bn / tn);
-                if pipe.has_producers() {
-                    consumers + WS_PRODUCER_THREADS
-                } else {
-                    consumers
-                }
-            }
+            Geometry::Gemm { pipe, .. } if pipe.has_producers() => self.consumer_threads() + WS_PRODUCER_THREADS,
+            _ => self.consumer_threads(),
+        }
+    }
+    /// The threads that run the block's GEMM, one (tm x tn) piece of the
+    /// tile each (pipe ws / split: the consumers); a row stage's threads.
+    pub fn consumer_threads(&self) -> u32 {
+        match *self {
+            Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
             Geometry::Rows { threads, .. } => threads,
         }
     }
@@ -403,8 +404,8 @@ impl Geometry {
     /// thread), in whole 8-register steps. `None`: ptxas allocates alone.
     pub fn setmaxnreg(&self) -> Option<(u32, u32)> {
         match *self {
-            Geometry::Gemm { block_m, bn, tm, tn, regs, pipe: Pipe::Split, .. } if regs > 0 => {
-                let consumers = (block_m / tm) as u64 * (bn / tn) as u64;
+            Geometry::Gemm { regs, pipe: Pipe::Split, .. } if regs > 0 => {
+                let consumers = self.consumer_threads() as u64;
                 let pool = self.launch_regs() as u64 * self.threads() as u64;
                 let left = pool.checked_sub(consumers * regs as u64)? / WS_PRODUCER_THREADS as u64;
                 Some(((left.min(256) as u32) / 8 * 8, regs))
