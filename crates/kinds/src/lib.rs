@@ -21,10 +21,11 @@ pub enum Stage {
     BwdGlogit,
     BwdGemm,
     BwdFused,
+    BwdFinalAlpha,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 12] = [
+    pub const ALL: [Stage; 13] = [
         Stage::FwdM0,
         Stage::FwdGate,
         Stage::FwdGateAct,
@@ -37,6 +38,7 @@ impl Stage {
         Stage::BwdGlogit,
         Stage::BwdGemm,
         Stage::BwdFused,
+        Stage::BwdFinalAlpha,
     ];
     /// The spelling used in specs, canonical names and reports.
     pub fn as_str(self) -> &'static str {
@@ -53,6 +55,7 @@ impl Stage {
             Stage::BwdGlogit => "bwd_glogit",
             Stage::BwdGemm => "bwd_gemm",
             Stage::BwdFused => "bwd_fused",
+            Stage::BwdFinalAlpha => "bwd_final_alpha",
         }
     }
     pub fn parse(s: &str) -> Option<Stage> {
