@@ -764,10 +764,9 @@ __device__ __forceinline__ void stream_walk(i64 E, int K, int N, const T* __rest
 
 // The exact core on stream_walk (PIPE == 2): thread (ty, tx) owns TM x TN
 // outputs (mma_stream's layout); the epilogue leaves from registers.
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, typename AOp, typename Epi,
-          typename Done>
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __restrict__ B, AOp& a,
-                                            Epi epi, Done done) {
+                                            Epi epi) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
   static_assert(TN % W == 0, "whole 16-byte vectors");
   const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
@@ -775,10 +774,7 @@ __device__ __forceinline__ void gemm_stream(i64 E, int K, int N, const T* __rest
   stream_walk<T, BM, BN, BK, STAGES, THREADS, S::a_pitch, S::b_pitch, S::a_tile, S::b_tile>(
       E, K, N, B, a, [&] { zero_acc(acc); },
       [&](const T* as, const T* bs) { mma_stream<T, BM, BN, BK, TM, TN, S::b_pitch>(acc, as, S::a_pitch, bs, ty, tx); },
-      [&](i64 e0, int n0) {
-        store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, n0, E, N, 0, epi);
-        done(e0, n0);
-      });
+      [&](i64 e0, int n0) { store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, n0, E, N, 0, epi); });
 }
 
 // ---------------------------------------------------------------------------
@@ -1339,9 +1335,8 @@ __device__ __forceinline__ void gemm_ws(i64 E, const Seg<T> seg0, const Seg<T> s
 // C = epi(A @ B) by the fp16x3 core on stream_walk (gemm_stream's walk and
 // ring, at the layout's fp16x3 pitches): (BM / 32) x (BN / 32) warps, each a 32 x 32 tile
 // (tm 8 x tn 4 per thread).
-template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi, typename Done>
-__device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi,
-                                        Done done) {
+template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
   constexpr int THREADS = BM * BN / 32, AK = S::a_pitch, BP = S::b_pitch;
   static_assert(BM % 32 == 0 && BN % 32 == 0 && BK % 16 == 0, "whole warp tiles and m16n8k16 steps");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -1357,34 +1352,22 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
   };
   stream_walk<float, BM, BN, BK, STAGES, THREADS, AK, BP, S::a_tile, S::b_tile>(
       E, K, N, B, a, zero, [&](const float* as, const float* bs) { x3::chunk<BK, AK, BP>(acc, as, bs, wm, wn, lane); },
-      [&](i64 e0, int n0) {
-        x3::store(acc, wm, wn, lane, e0, n0, E, N, epi);
-        done(e0, n0);
-      });
+      [&](i64 e0, int n0) { x3::store(acc, wm, wn, lane, e0, n0, E, N, epi); });
 }
-
-// No per-tile work after the epilogue (gemm's default `done`).
-struct NoTileWork {
-  __device__ __forceinline__ void operator()(i64, int) const {}
-};
 
 // The one-segment stages' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
 // gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring), and
 // with PREC 1 (fp16x3) gemm_x3 on the stream walk; A a plain surface
 // (SurfaceA). The fused backward has its own walk, gemm_rowblock.
-// done(e0, n0) runs after each output tile's epilogue (the persistent walks
-// only: a static_assert refuses it on the others).
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S,
-          typename AOp, typename Epi, typename Done = NoTileWork>
-__device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi,
-                                     Done done = {}) {
+          typename AOp, typename Epi>
+__device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi) {
   if constexpr (PREC == 1) {
     static_assert(PIPE == 2 && TM == 8 && TN == 4, "fp16x3 tiles: pipe stream, tm 8, tn 4 (checked by the spec)");
-    gemm_x3<BM, BN, BK, STAGES, S>(E, K, N, B, a, epi, done);
+    gemm_x3<BM, BN, BK, STAGES, S>(E, K, N, B, a, epi);
   } else if constexpr (PIPE == 2) {
-    gemm_stream<T, BM, BN, BK, TM, TN, STAGES, S>(E, K, N, B, a, epi, done);
+    gemm_stream<T, BM, BN, BK, TM, TN, STAGES, S>(E, K, N, B, a, epi);
   } else {
-    static_assert(std::is_same_v<Done, NoTileWork>, "per-tile work runs on the persistent walks (pipe stream)");
     auto a_at = [&](int, i64 e, int k) { return a.row(e)[k]; };
     if constexpr (PIPE == 0) {
       gemm_block<T, BM, BN, BK, TM, TN, STAGES, S>(E, K, N, B, a_at, epi);

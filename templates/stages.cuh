@@ -305,53 +305,46 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
 
 // ---------------------------------------------------------------- backward
 
-// sum_cols(go * ov) over one row of NV 16-byte vectors, by one warp: a lane
-// sums vectors c = lane, lane + 32, .. (its first U loads issued before any
-// is used), then the warp reduces by xor shuffle, every lane ending with the
-// sum. A fixed order, whoever calls it: bwd_grad_alpha and bwd_final_alpha
-// give the same bits.
-template <typename T>
-__device__ __forceinline__ T grad_alpha_dot(const T* __restrict__ go, const T* __restrict__ ov, int NV,
-                                            int lane) {
-  constexpr int W = Vec<T>::W, U = 4;
-  T acc = T(0);
-  for (int c0 = lane; c0 < NV; c0 += 32 * U) {
-    T x[U][W], y[U][W];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + 32 * u < NV) {
-        Vec<T>::ldg(go + (c0 + 32 * u) * W, x[u]);
-        Vec<T>::ldg(ov + (c0 + 32 * u) * W, y[u]);
-      }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + 32 * u < NV) {
-#pragma unroll
-        for (int w = 0; w < W; ++w) acc = op_dot_step<T>(x[u][w], y[u][w], acc);
-      }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc = op_residual<T>(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  return acc;
-}
-
 // grad_alpha[e, f] = sum_cols(grad_out * out) / max(alpha, eps): one warp per
-// (e, f) row (grad_alpha_dot). grad_out, out and alpha are edge-major, so the
-// rows of the whole grid are taken in memory order (block (x, f) holds flat
-// rows (f * gridDim.x + x) * ROWS ..), each block reading one contiguous
-// stretch.
+// (e, f) row. grad_out, out and alpha are edge-major, so the rows of the
+// whole grid are taken in memory order (block (x, f) holds flat rows
+// (f * gridDim.x + x) * ROWS ..), each block reading one contiguous stretch.
+// A lane sums 16-byte vectors c = lane, lane + 32, .. (its first U loads
+// issued before any is used), then the warp reduces by xor shuffle: a fixed
+// order, whatever the tile.
 template <typename T, int CF, int ROWS, int THREADS, typename S>
 __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
                                                const T* __restrict__ out,
                                                const T* __restrict__ alpha,
                                                T* __restrict__ grad_alpha, i64 E, int L) {
+  constexpr int W = Vec<T>::W, U = 4;
   const Dims d = dims<CF>(L);
   const i64 rows = E * gridDim.z;
+  const int NV = d.ROW / W;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int m = warp; m < ROWS; m += THREADS / 32) {
     const i64 r = ((i64)blockIdx.z * gridDim.x + blockIdx.x) * ROWS + m;
     if (r >= rows) break;
-    const T acc = grad_alpha_dot(grad_out + r * d.ROW, out + r * d.ROW, d.ROW / Vec<T>::W, lane);
+    const T* go = grad_out + r * d.ROW;
+    const T* ov = out + r * d.ROW;
+    T acc = T(0);
+    for (int c0 = lane; c0 < NV; c0 += 32 * U) {
+      T x[U][W], y[U][W];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + 32 * u < NV) {
+          Vec<T>::ldg(go + (c0 + 32 * u) * W, x[u]);
+          Vec<T>::ldg(ov + (c0 + 32 * u) * W, y[u]);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + 32 * u < NV) {
+#pragma unroll
+          for (int w = 0; w < W; ++w) acc = op_dot_step<T>(x[u][w], y[u][w], acc);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = op_residual<T>(acc, __shfl_xor_sync(0xffffffffu, acc, o));
     if (lane == 0) grad_alpha[r] = op_grad_alpha_finish<T>(acc, alpha[r]);
   }
 }
@@ -361,12 +354,11 @@ __device__ __forceinline__ void bwd_grad_alpha(const T* __restrict__ grad_out,
 // so it scales the product and the residual in the epilogue: the A operand is
 // grad_out as it lies and the K loop has no fix pass (a per-chunk scaling
 // pass cost this stage ~0.8 ms of 5 at the seed workload, BENCH.md run 25).
-// final_gemm is its body, with done(e0, n0) after each output tile (gemm's).
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S,
-          typename Done>
-__device__ __forceinline__ void final_gemm(const T* __restrict__ grad_out, const T* __restrict__ alpha,
-                                           const T* __restrict__ wt, T* __restrict__ g, i64 E, int L, int seg,
-                                           int apply_alpha, Done done) {
+template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
+__device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
+                                          const T* __restrict__ alpha, const T* __restrict__ wt,
+                                          T* __restrict__ g, i64 E, int L, int seg,
+                                          int apply_alpha) {
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z, F = gridDim.z;
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
@@ -381,67 +373,6 @@ __device__ __forceinline__ void final_gemm(const T* __restrict__ grad_out, const
 #pragma unroll
         for (int i = 0; i < W; ++i) x[i] = op_residual<T>(op_alpha_scale<T>(x[i], al), op_alpha_scale<T>(v[i], al));
         Vec<T>::store(gf + e * d.ROW + n, x);
-      }, done);
-}
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
-__device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
-                                          const T* __restrict__ alpha, const T* __restrict__ wt,
-                                          T* __restrict__ g, i64 E, int L, int seg,
-                                          int apply_alpha) {
-  final_gemm<T, CF, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(grad_out, alpha, wt, g, E, L, seg, apply_alpha,
-                                                               NoTileWork{});
-}
-
-// The fused backward's identity layer, alpha applied: bwd_final's GEMM
-// (final_gemm), and
-// grad_alpha from blocks that are already streaming these rows, not from a
-// pass of its own over grad_out and out. A row block has T column tiles
-// over both segments' launches (T = ceil(M0 / BN) + ceil(M1 / BN)); the
-// tile of index j (seg 1's counted after seg 0's) takes the rows m = j,
-// j + T, .. of the block, one warp per row after its epilogue, with
-// bwd_grad_alpha's grad_alpha_dot (the same bits). Before that it brings
-// into L2 the rows of the tile this block walks next (the walk's tiles are
-// blockIdx.x, + gridDim.x, ..), so its loads hit L2.
-template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
-__device__ __forceinline__ void bwd_final_alpha(const T* __restrict__ grad_out, const T* __restrict__ out,
-                                                const T* __restrict__ alpha, const T* __restrict__ wt,
-                                                T* __restrict__ g, T* __restrict__ grad_alpha, i64 E, int L,
-                                                int seg) {
-  static_assert(PIPE == 2, "grad_alpha rides the persistent walk's tiles (pipe stream)");
-  const Dims d = dims<CF>(L);
-  const int f = blockIdx.z, F = gridDim.z;
-  const int K = seg ? d.M1 : d.M0;
-  const int ntn = (K + BN - 1) / BN, n_m0 = (d.M0 + BN - 1) / BN;
-  const int ntiles = n_m0 + (d.M1 + BN - 1) / BN, j0 = seg ? n_m0 : 0;
-  const i64 tiles = (E + BM - 1) / BM * ntn;
-  const unsigned row_bytes = d.ROW * (unsigned)sizeof(T);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  // Row i of tile t's share: m = j + i * ntiles of its row block, or past
-  // the block (m >= BM) or past E (-1).
-  auto row_of = [&](i64 t, int i) -> i64 {
-    const int m = j0 + (int)(t % ntn) + i * ntiles;
-    const i64 e = (t / ntn) * BM + m;
-    return m < BM && e < E ? e : -1;
-  };
-  auto prefetch = [&](i64 t) {
-    const i64 e = t < tiles ? row_of(t, threadIdx.x) : -1;
-    if (e >= 0) {
-      prefetch_l2(grad_out + (e * F + f) * d.ROW, row_bytes);
-      prefetch_l2(out + (e * F + f) * d.ROW, row_bytes);
-    }
-  };
-  prefetch(blockIdx.x);
-  final_gemm<T, CF, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      grad_out, alpha, wt, g, E, L, seg, 1, [&](i64 e0, int n0) {
-        const i64 t = (e0 / BM) * ntn + n0 / BN;
-        prefetch(t + gridDim.x);
-        for (int i = warp;; i += warps) {
-          const i64 e = row_of(t, i);
-          if (e < 0) break;
-          const i64 r = e * F + f;
-          const T acc = grad_alpha_dot(grad_out + r * d.ROW, out + r * d.ROW, d.ROW / Vec<T>::W, lane);
-          if (lane == 0) grad_alpha[r] = op_grad_alpha_finish<T>(acc, alpha[r]);
-        }
       });
 }
 

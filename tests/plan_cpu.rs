@@ -164,11 +164,7 @@ fn every_served_key_plans_forward_and_backward() {
                     assert_eq!(choice.decision.path == Path::Fused, served, "{what}: {:?}", choice.decision);
                     let bwd = p.backward(E, true, &choice, &machine).unwrap();
                     check_plan(&format!("backward {what}"), &bwd, dtype, &sh, NO_CAP);
-                    // The fused path's identity layer takes grad_alpha itself.
-                    let mut want = match served {
-                        true => vec![Stage::BwdFinalAlpha, Stage::BwdFinalAlpha],
-                        false => vec![Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdFinal],
-                    };
+                    let mut want = vec![Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdFinal];
                     let relay_blas = blas && !served;
                     for _ in 0..gated {
                         match (served, relay_blas) {
@@ -181,21 +177,10 @@ fn every_served_key_plans_forward_and_backward() {
                     }
                     assert_eq!(stages(&bwd), want, "backward {what}");
                     assert_eq!(gemms(&bwd), if relay_blas { 2 * gated * sh.f } else { 0 }, "backward {what}");
-                    // grad_alpha: written once per launch that takes it, into the caller's.
-                    for (_, c) in bwd.launches() {
-                        match c {
-                            StageCall::BwdGradAlpha(a) => assert_eq!(a.grad_alpha, Addr::at(Buf::GradAlpha)),
-                            StageCall::BwdFinalAlpha(a) => {
-                                assert_eq!((a.grad_alpha, a.out), (Addr::at(Buf::GradAlpha), Addr::at(Buf::Out)))
-                            }
-                            _ => {}
-                        }
-                    }
                     // the last write lands in grad_u0
                     let last = bwd.launches().last().map(|(_, c)| c.clone()).unwrap();
                     let written = match last {
                         StageCall::BwdFinal(a) => a.g,
-                        StageCall::BwdFinalAlpha(a) => a.g,
                         StageCall::BwdGemm(a) => a.g_next,
                         StageCall::BwdFused(a) => a.g_next,
                         other => panic!("backward {what}: ends with {other:?}"),
@@ -221,12 +206,6 @@ fn no_alpha_zeroes_grad_alpha_instead_of_launching() {
     assert!(!stages(&bwd).contains(&Stage::BwdGradAlpha));
     let Some(Step::Zero { dst, bytes }) = bwd.steps.iter().find(|s| matches!(s, Step::Zero { .. })) else { panic!() };
     assert_eq!((*dst, *bytes), (Addr::at(Buf::GradAlpha), E * 2 * 4));
-    // The fused path without alpha: bwd_final (not bwd_final_alpha) and the zeroing.
-    let choice = p.backward_choice(Request::Always, &TileOverride::new(), false).unwrap();
-    assert_eq!(choice.decision.path, Path::Fused);
-    let bwd = p.backward(E, false, &choice, &machine).unwrap();
-    assert_eq!(bwd.steps.iter().filter(|s| matches!(s, Step::Zero { .. })).count(), 1);
-    assert_eq!(stages(&bwd), [Stage::BwdFinal, Stage::BwdFinal, Stage::BwdFused, Stage::BwdFused]);
 }
 
 /// Rows a chunked plan's launches cover through the byte offset `pick`

@@ -63,7 +63,7 @@ fn threads_of(g: Geometry) -> u32 {
 /// An entry with the canonical name of docs/KERNELS.md.
 fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool, is_default: bool) -> KernelEntry {
     let name = mixstack::kinds::canonical_name(stage, dtype, cf, &geometry);
-    let variant = if matches!(stage, Stage::BwdFused | Stage::BwdFinalAlpha) { Variant::Fused } else { Variant::Relay };
+    let variant = if stage == Stage::BwdFused { Variant::Fused } else { Variant::Relay };
     KernelEntry {
         name: leak(name),
         arch: Arch::Sm90,
@@ -90,16 +90,7 @@ fn entry(stage: Stage, dtype: Dtype, cf: u32, geometry: Geometry, accepted: bool
 }
 
 fn is_gemm_stage(s: Stage) -> bool {
-    matches!(
-        s,
-        Stage::FwdM0
-            | Stage::FwdM1
-            | Stage::FwdFinal
-            | Stage::BwdFinal
-            | Stage::BwdGemm
-            | Stage::BwdFused
-            | Stage::BwdFinalAlpha
-    )
+    matches!(s, Stage::FwdM0 | Stage::FwdM1 | Stage::FwdFinal | Stage::BwdFinal | Stage::BwdGemm | Stage::BwdFused)
 }
 
 /// Every non-fused stage but the optional ones (the cuBLAS gate path) for
@@ -107,7 +98,7 @@ fn is_gemm_stage(s: Stage) -> bool {
 fn relay_entries(dtype: Dtype, cf: u32) -> Vec<KernelEntry> {
     Stage::ALL
         .into_iter()
-        .filter(|s| !mixstack::runtime::dispatch::is_fused_stage(*s) && !mixstack::runtime::dispatch::needs_cublas(*s))
+        .filter(|s| *s != Stage::BwdFused && !mixstack::runtime::dispatch::needs_cublas(*s))
         .map(|s| {
             let g = if is_gemm_stage(s) {
                 gemm(64, 64, 32, 4, 4)
@@ -661,11 +652,11 @@ fn builtin_choice_is_the_builds_dispatch_table() {
         let d = Dispatch::builtin().with_arch(r.arch).with_precision(r.precision);
         assert_eq!(d.default_for(r.stage, r.dtype, r.cf, r.lmax).unwrap().name, r.instance, "{key}");
     }
-    // Every arch has rows, and only the fused stages may lack them on one.
+    // Every arch has rows, and only the fused stage may lack them on one.
     for &arch in table::ARCHS {
         let stages: std::collections::BTreeSet<Stage> =
             m.dispatch.iter().filter(|r| r.arch == arch).map(|r| r.stage).collect();
-        for s in Stage::ALL.into_iter().filter(|s| !mixstack::runtime::dispatch::is_fused_stage(*s)) {
+        for s in Stage::ALL.into_iter().filter(|s| *s != Stage::BwdFused) {
             assert!(stages.contains(&s), "{arch}: no dispatch row for {s}");
         }
     }
@@ -961,8 +952,7 @@ fn stage_roles_come_from_the_spec() {
             Stage::BwdGemm
         ]
     );
-    assert_eq!(fused_stages(), vec![Stage::BwdFused, Stage::BwdFinalAlpha]);
-    assert_eq!(mixstack::runtime::dispatch::fused_layer_stages(), vec![Stage::BwdFused]);
+    assert_eq!(fused_stages(), vec![Stage::BwdFused]);
     let gated: Vec<Stage> = Stage::ALL.into_iter().filter(|s| is_gated_stage(*s)).collect();
     assert!(!gated.contains(&Stage::FwdFinal) && !gated.contains(&Stage::BwdFinal) && gated.contains(&Stage::BwdFused));
     let cublas: Vec<Stage> = Stage::ALL.into_iter().filter(|s| needs_cublas(*s)).collect();
@@ -1316,43 +1306,4 @@ fn fused_without_kernels_of_the_mode_takes_the_relay() {
     assert!(dec.to_string().contains("no fp16x3 kernels"), "{dec}");
     // the exact mode over the same table takes its fused tile
     assert_eq!(Dispatch::new(&t).decide_backward_path_at(Dtype::F32, 32, 3, Request::Always).path, Path::Fused);
-}
-
-/// The fused path's identity layer: bwd_final_alpha where one is built for
-/// the key (grad_alpha from its tiles, no bwd_grad_alpha pass), else the
-/// relay's bwd_grad_alpha and bwd_final; either way only with alpha applied.
-#[test]
-fn fused_identity_layer_takes_grad_alpha_where_built() {
-    use mixstack::runtime::plan::{Machine, Planner};
-    let kinds = |plan: &mixstack::runtime::plan::Plan| plan.launches().map(|(k, _)| k.stage).collect::<Vec<_>>();
-    let machine = Machine { cublas: false, scratch_cap: u64::MAX };
-    let sh = StackShape::new(2, 32, 3, 2);
-    let table = |final_alpha: bool| {
-        let mut t = relay_entries(Dtype::F32, 32);
-        t.extend(fused_entries(32));
-        if final_alpha {
-            t.push(entry(Stage::BwdFinalAlpha, Dtype::F32, 32, stream(128, 64, 32, 8, 4), true, true));
-        }
-        let d: &'static Dispatch<'static> = Box::leak(Box::new(Dispatch::new(leak_table(t))));
-        d
-    };
-    let (without, with) = (table(false), table(true));
-    for (d, built) in [(without, false), (with, true)] {
-        let p = Planner { shape: sh, dtype: Dtype::F32, dispatch: d };
-        let choice = p.backward_choice(Request::Always, &TileOverride::new(), false).unwrap();
-        assert_eq!(choice.decision.path, Path::Fused, "built {built}: {}", choice.decision);
-        assert_eq!(choice.final_alpha.is_some(), built);
-        let alpha = kinds(&p.backward(1000, true, &choice, &machine).unwrap());
-        let want_final = if built {
-            vec![Stage::BwdFinalAlpha, Stage::BwdFinalAlpha]
-        } else {
-            vec![Stage::BwdGradAlpha, Stage::BwdFinal, Stage::BwdFinal]
-        };
-        assert_eq!(alpha, [want_final, vec![Stage::BwdFused]].concat(), "built {built}");
-        let plain = kinds(&p.backward(1000, false, &choice, &machine).unwrap());
-        assert_eq!(plain, [Stage::BwdFinal, Stage::BwdFinal, Stage::BwdFused], "built {built}, no alpha");
-        // The relay never takes it.
-        let relay = p.backward_choice(Request::Off, &TileOverride::new(), false).unwrap();
-        assert!(relay.final_alpha.is_none());
-    }
 }

@@ -57,12 +57,6 @@ pub fn relay_stages() -> Vec<Stage> {
 pub fn fused_stages() -> Vec<Stage> {
     stages_where(|r| r.variant == Variant::Fused)
 }
-/// The fused stages its gated layers need: the fused path serves only where
-/// each has a kernel. The others (bwd_final_alpha) serve where they are
-/// built, and the relay's stages stand in elsewhere (plan.rs).
-pub fn fused_layer_stages() -> Vec<Stage> {
-    stages_where(|r| r.variant == Variant::Fused && r.layers == Layers::Gated)
-}
 
 /// True for the stages only the fused path launches.
 pub fn is_fused_stage(stage: Stage) -> bool {
@@ -689,12 +683,10 @@ impl<'t> Dispatch<'t> {
         if cf >= FUSED_CF_LIMIT {
             return relay(Reason::CfTooLarge { cf, limit: FUSED_CF_LIMIT });
         }
-        if precision != Precision::Exact
-            && fused_layer_stages().iter().any(|&s| self.candidates(s, dtype, cf).is_empty())
-        {
+        if precision != Precision::Exact && fused_stages().iter().any(|&s| self.candidates(s, dtype, cf).is_empty()) {
             return relay(Reason::Precision(precision));
         }
-        for stage in fused_layer_stages() {
+        for stage in fused_stages() {
             let none = match lmax {
                 Some(l) => self.candidates_at(stage, dtype, cf, l).is_empty(),
                 None => self.candidates(stage, dtype, cf).is_empty(),

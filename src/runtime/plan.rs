@@ -13,8 +13,8 @@
 use std::fmt;
 
 use super::args::{
-    BwdFinalAlphaArgs, BwdFinalArgs, BwdFusedArgs, BwdGemmArgs, BwdGlogitArgs, BwdGradAlphaArgs, BwdPointwiseArgs,
-    BwdRecomputeArgs, FwdFinalArgs, FwdGateActArgs, FwdGateArgs, FwdM0Args, FwdM1Args, StageCall,
+    BwdFinalArgs, BwdFusedArgs, BwdGemmArgs, BwdGlogitArgs, BwdGradAlphaArgs, BwdPointwiseArgs, BwdRecomputeArgs,
+    FwdFinalArgs, FwdGateActArgs, FwdGateArgs, FwdM0Args, FwdM1Args, StageCall,
 };
 use super::chunk::{self, Chunking};
 use super::dispatch::{Dispatch, Path, PathDecision, TileOverride};
@@ -142,22 +142,6 @@ pub struct BackwardChoice {
     /// gated layer.
     pub layer: Vec<&'static KernelEntry>,
     pub gate_blas: bool,
-    /// The fused path's identity layer where alpha is applied
-    /// (bwd_final_alpha: bwd_final with grad_alpha from its tiles); `None`
-    /// on the relay, or where none is built for the key (then `grad_alpha`
-    /// and `final_` run, as without alpha).
-    pub final_alpha: Option<&'static KernelEntry>,
-}
-
-impl BackwardChoice {
-    /// The identity layer's kernel and whether it also writes grad_alpha:
-    /// the one rule for which of the two a call runs.
-    pub fn final_for(&self, apply_alpha: bool) -> (&'static KernelEntry, bool) {
-        match (apply_alpha, self.final_alpha) {
-            (true, Some(k)) => (k, true),
-            _ => (self.final_, false),
-        }
-    }
 }
 
 /// An ordered list of steps over symbolic buffers.
@@ -550,13 +534,6 @@ impl Planner<'_> {
         let decision = self.dispatch.decide_backward_path_at(self.dtype, cf, lmax, request);
         let grad_alpha = self.select(Stage::BwdGradAlpha, tiles)?;
         let final_ = self.select(Stage::BwdFinal, tiles)?;
-        // The fused path's identity layer takes grad_alpha where a
-        // bwd_final_alpha kernel serves this key (named, or a default).
-        let final_alpha = match decision.path {
-            Path::Fused if tiles.get(Stage::BwdFinalAlpha).is_some() => Some(self.select(Stage::BwdFinalAlpha, tiles)?),
-            Path::Fused => self.dispatch.default_for(Stage::BwdFinalAlpha, self.dtype, cf, lmax),
-            Path::Relay => None,
-        };
         let gate_blas = decision.path == Path::Relay
             && self.gate_blas(cublas, tiles, &[Stage::BwdRecompute, Stage::BwdPointwise], Stage::BwdGlogit)?;
         let mut layer = Vec::new();
@@ -570,7 +547,7 @@ impl Planner<'_> {
                 layer.push(self.select(s, tiles)?);
             }
         }
-        Ok(BackwardChoice { decision, grad_alpha, final_, layer, gate_blas, final_alpha })
+        Ok(BackwardChoice { decision, grad_alpha, final_, layer, gate_blas })
     }
 
     /// The backward over `e` > 0 edges with the kernels of `choice`.
@@ -599,10 +576,7 @@ impl Planner<'_> {
         let chunking = self.chunking(e, per_row, per_row, choice.gate_blas, machine)?;
         let mut b = Builder::new();
 
-        let (k_final, final_takes_alpha) = choice.final_for(apply_alpha);
-        if final_takes_alpha {
-            // bwd_final_alpha writes grad_alpha below.
-        } else if apply_alpha {
+        if apply_alpha {
             let call = StageCall::BwdGradAlpha(BwdGradAlphaArgs {
                 grad_out: Addr::at(Buf::GradOut),
                 out: Addr::at(Buf::Out),
@@ -643,14 +617,17 @@ impl Planner<'_> {
         };
         let (o0, o1, _) = self.layer_offsets(sh.n_layers - 1, 0);
         for (seg, wt, n) in [(0, Addr::at(Buf::Wt0).offset(o0), sh.m0()), (1, Addr::at(Buf::Wt1).offset(o1), sh.m1())] {
-            let (grad_out, alpha, g) = (Addr::at(Buf::GradOut), Addr::at(Buf::Alpha), g_final);
-            let call = if final_takes_alpha {
-                let (out, grad_alpha) = (Addr::at(Buf::Out), Addr::at(Buf::GradAlpha));
-                StageCall::BwdFinalAlpha(BwdFinalAlphaArgs { grad_out, out, alpha, wt, g, grad_alpha, e: el, l, seg })
-            } else {
-                StageCall::BwdFinal(BwdFinalArgs { grad_out, alpha, wt, g, e: el, l, seg, apply_alpha: aa })
-            };
-            b.launch(k_final, e, n, f, call);
+            let call = StageCall::BwdFinal(BwdFinalArgs {
+                grad_out: Addr::at(Buf::GradOut),
+                alpha: Addr::at(Buf::Alpha),
+                wt,
+                g: g_final,
+                e: el,
+                l,
+                seg,
+                apply_alpha: aa,
+            });
+            b.launch(choice.final_, e, n, f, call);
         }
 
         if let Some(gs) = gs {

@@ -526,13 +526,9 @@ impl<T: Element> Stack<T> {
 
     /// The path and the kernels a backward call with `opts` would launch
     /// (reads the environment for [`FusedMode::FromEnv`]); launches nothing.
-    /// On the fused path the list has both identity-layer kernels: a call
-    /// with alpha runs bwd_final_alpha, one without bwd_grad_alpha's zeroing
-    /// and bwd_final ([`BackwardChoice::final_for`]).
     pub fn backward_plan(&self, opts: &BackwardOptions) -> Result<(PathDecision, Vec<&'static KernelEntry>), MixError> {
         let c = self.backward_choice(opts, true)?;
         let mut v = vec![c.grad_alpha, c.final_];
-        v.extend(c.final_alpha);
         v.extend(c.layer.iter().copied());
         Ok((c.decision, v))
     }

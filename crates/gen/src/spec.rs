@@ -652,8 +652,12 @@ impl Specs {
                         format!("Cf {c}: the fused backward serves Cf below regime.fused_cf_below = {below}"),
                     ));
                 }
-                if s.pass != Pass::Backward {
-                    return Err(self.invalid("stages.yaml", field("pass"), "a fused stage is a backward stage"));
+                if (s.pass, s.layers) != (Pass::Backward, Layers::Gated) {
+                    return Err(self.invalid(
+                        "stages.yaml",
+                        field("pass"),
+                        "a fused stage is a backward gated-layer stage",
+                    ));
                 }
             }
             if s.serves == Serves::CublasGate {

@@ -21,11 +21,10 @@ pub enum Stage {
     BwdGlogit,
     BwdGemm,
     BwdFused,
-    BwdFinalAlpha,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 13] = [
+    pub const ALL: [Stage; 12] = [
         Stage::FwdM0,
         Stage::FwdGate,
         Stage::FwdGateAct,
@@ -38,7 +37,6 @@ impl Stage {
         Stage::BwdGlogit,
         Stage::BwdGemm,
         Stage::BwdFused,
-        Stage::BwdFinalAlpha,
     ];
     /// The spelling used in specs, canonical names and reports.
     pub fn as_str(self) -> &'static str {
@@ -55,7 +53,6 @@ impl Stage {
             Stage::BwdGlogit => "bwd_glogit",
             Stage::BwdGemm => "bwd_gemm",
             Stage::BwdFused => "bwd_fused",
-            Stage::BwdFinalAlpha => "bwd_final_alpha",
         }
     }
     pub fn parse(s: &str) -> Option<Stage> {
