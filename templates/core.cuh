@@ -917,25 +917,27 @@ __device__ __forceinline__ void chunk(float (&acc)[2][4][4], const float* As, co
 // that each holds 4 consecutive columns of one row (even t: row g, columns
 // 2t..2t+3; odd t: row g + 8, columns 2t-2..2t+1), then epi(e, n, v) as
 // the exact path calls it; the accumulators restart at zero.
+// One m16n8 fragment c: rows e16 + g, e16 + g + 8, columns n8 + 2t, + 1.
+template <typename Epi>
+__device__ __forceinline__ void store_frag(float* c, i64 e16, int n8, int lane, i64 E, int N, Epi& epi) {
+  const int g = lane / 4, t = lane % 4;
+  const bool odd = t & 1;
+  const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
+  const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
+  const float v[4] = {odd ? r0 : c[0], odd ? r1 : c[1], odd ? c[2] : r0, odd ? c[3] : r1};
+  const i64 e = e16 + g + (odd ? 8 : 0);
+  const int n = n8 + 2 * t - (odd ? 2 : 0);
+  if (e < E && n < N) epi(e, n, v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) c[q] = 0.f;
+}
 template <typename Epi>
 __device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int lane, i64 e0, int n0, i64 E, int N,
                                       Epi& epi) {
-  const int g = lane / 4, t = lane % 4;
-  const bool odd = t & 1;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float* c = acc[i][j];
-      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
-      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
-      const float v[4] = {odd ? r0 : c[0], odd ? r1 : c[1], odd ? c[2] : r0, odd ? c[3] : r1};
-      const i64 e = e0 + wm * 32 + i * 16 + g + (odd ? 8 : 0);
-      const int n = n0 + wn * 32 + j * 8 + 2 * t - (odd ? 2 : 0);
-      if (e < E && n < N) epi(e, n, v);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) c[q] = 0.f;
-    }
+    for (int j = 0; j < 4; ++j) store_frag(acc[i][j], e0 + wm * 32 + i * 16, n0 + wn * 32 + j * 8, lane, E, N, epi);
 }
 }  // namespace x3
 
@@ -1355,14 +1357,165 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
       [&](i64 e0, int n0) { x3::store(acc, wm, wn, lane, e0, n0, E, N, epi); });
 }
 
+// ---------------------------------------------------------------------------
+// The fp16x3 core on Hopper's warpgroup MMA (PIPE 5, pipe: wgmma; sm_90a).
+// The same scales, splits, products and folds per output element as
+// x3::chunk, so the same bits as every other fp16x3 kernel (bench/exp
+// fp16x3_gemm.cu's v6, BENCH.md run 119: every element equal at both of the
+// seed's shapes and five scales). The block's two warpgroups (64 rows each)
+// walk gemm_stream's tiles (blockIdx.x, + gridDim.x, .., column tiles
+// fastest). B's column tile, all K rows, is split once (x3::split2) into
+// fp16 head and tail halves in a shared-memory panel of wgmma's no-swizzle
+// K-major core matrices (8 n x 8 k halves, 128 B; k-neighbours 128 B apart,
+// n-neighbours K / 8 x 128 B), and split again only when the block's column
+// tile changes (never when gridDim.x is a multiple of the column tiles).
+// Each warpgroup streams its rows' A chunks through its own cp.async ring
+// and named barrier, scales and splits them in registers (x3::row_scales,
+// x3::split_a) and issues each k16 step's three products as m64n64k16
+// wgmmas (ph = ah bh, pt = ah bl + al bh, fresh at the chunk's first step),
+// folded per chunk as x3::chunk folds them. Columns past N are zeros in the
+// panel and never stored.
+namespace wg {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mma_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long b,
+                                        int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+#endif
+// A no-swizzle shared-memory matrix descriptor: start, leading and stride
+// byte offsets.
+__device__ __forceinline__ unsigned long long desc(const void* smem, unsigned lbo, unsigned sbo) {
+  const unsigned a = smem_addr(smem);
+  return (unsigned long long)((a & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32);
+}
+// No access to d moves across a wgmma fence or wait.
+template <int R>
+__device__ __forceinline__ void keep(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+}  // namespace wg
+
+template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
+__device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(BM == 128 && BN == 64 && BK % 16 == 0, "two warpgroups of 64 rows, m64n64k16 (checked by the spec)");
+  constexpr int AK = S::a_pitch, RING = STAGES * 64 * AK;
+  const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  float* ring = smem_at<float>(S::a_tile) + wgi * RING;
+  unsigned short* panel = smem_at<unsigned short>(S::b_tile);  // head: K x BN halves, then the tail's
+  const int ntn = (N + BN - 1) / BN;
+  const i64 tiles = (E + BM - 1) / BM * ntn;
+  if ((i64)blockIdx.x >= tiles) return;  // whole block: no barrier is skipped
+  const int KT = K / BK;
+  const i64 chunks = ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * KT;  // this block's, per warpgroup
+  auto tile_of = [&](i64 q) { return (i64)blockIdx.x + (q / KT) * gridDim.x; };
+  // Chunk q of this warpgroup's walk (its 64 rows) into ring slot q % STAGES.
+  auto load = [&](i64 q) {
+    const i64 r0 = (tile_of(q) / ntn) * BM + wgi * 64;
+    const int k0 = (int)(q % KT) * BK;
+    float* slot = ring + (int)(q % STAGES) * 64 * AK;
+    for (int v = wt; v < 64 * BK / 4; v += 128) {
+      const int m = v / (BK / 4), c = (v % (BK / 4)) * 4;
+      const bool ok = r0 + m < E;
+      cp_async16(slot + m * AK + c, ok ? a.row(r0 + m) + k0 + c : a.row(0), ok ? 16 : 0);
+    }
+  };
+  // Column tile n0's B into the panel, by the whole block.
+  auto fill_panel = [&](int n0) {
+    unsigned* hw = reinterpret_cast<unsigned*>(panel);
+    unsigned* lw = hw + K * BN / 2;
+    for (int v = tid; v < BN * (K / 2); v += blockDim.x) {
+      const int n = v % BN, k = 2 * (v / BN);
+      const bool ok = n0 + n < N;
+      unsigned h, l;
+      x3::split2(ok ? B[(i64)k * N + n0 + n] : 0.f, ok ? B[(i64)(k + 1) * N + n0 + n] : 0.f, h, l);
+      const int w = (((n / 8) * (K / 8) + k / 8) * 64 + (n % 8) * 8 + k % 8) / 2;
+      hw[w] = h;
+      lw[w] = l;
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // these writes, then wgmma's reads
+    __syncthreads();
+  };
+  for (int q = 0; q < STAGES - 1; ++q) {
+    if (q < chunks) load(q);
+    cp_async_commit();
+  }
+  float acc[BN / 2], ph[BN / 2], pt[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  int panel_n0 = -1;
+  for (i64 q = 0; q < chunks; ++q) {
+    const int kc = (int)(q % KT);
+    const i64 tq = tile_of(q);
+    const int n0 = (int)(tq % ntn) * BN;
+    if (kc == 0 && n0 != panel_n0) {  // block-uniform: both warpgroups walk the same tiles
+      __syncthreads();                // every wgmma on the old panel has completed (waited below)
+      fill_panel(n0);
+      panel_n0 = n0;
+    }
+    cp_async_wait<STAGES - 2>();
+    bar_sync(1 + wgi, 128);  // chunk q is in for the warpgroup; slot (q - 1) % STAGES is free
+    if (q + STAGES - 1 < chunks) load(q + STAGES - 1);
+    cp_async_commit();
+    const float* as = ring + (int)(q % STAGES) * 64 * AK + (warp * 16 + g) * AK + 2 * t;  // row g; g + 8 at + 8 AK
+    float s[2], inv[2];
+    x3::row_scales<BK, AK>(as, s, inv);
+    unsigned ah[BK / 16][4], al[BK / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) x3::split_a<AK>(as, ks, s, ah[ks], al[ks]);
+    wg::keep(ph);
+    wg::keep(pt);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      const int kg = (kc * BK + ks * 16) / 8;
+      const unsigned long long bh = wg::desc(panel + kg * 64, 128, (K / 8) * 128);
+      const unsigned long long bl = wg::desc(panel + BN * K + kg * 64, 128, (K / 8) * 128);
+      wg::mma_n64(ph, ah[ks], bh, ks);
+      wg::mma_n64(pt, ah[ks], bl, ks);
+      wg::mma_n64(pt, al[ks], bh, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg::keep(ph);
+    wg::keep(pt);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
+    if (kc == KT - 1) {
+      const i64 e16 = (tq / ntn) * BM + wgi * 64 + warp * 16;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, n0 + j * 8, lane, E, N, epi);
+    }
+  }
+  cp_async_wait<0>();
+#else
+  __trap();  // built for sm_90a only (the spec's archs and the instance's target)
+#endif
+}
+
 // The one-segment stages' GEMM: PIPE 0 -> gemm_block (register staged), 1 ->
 // gemm_pipe (cp.async), 2 -> gemm_stream (persistent cp.async ring), and
-// with PREC 1 (fp16x3) gemm_x3 on the stream walk; A a plain surface
+// with PREC 1 (fp16x3) gemm_x3 on the stream walk or, PIPE 5, gemm_wg on
+// Hopper's warpgroup MMA; A a plain surface
 // (SurfaceA). The fused backward has its own walk, gemm_rowblock.
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S,
           typename AOp, typename Epi>
 __device__ __forceinline__ void gemm(i64 E, int K, int N, const T* __restrict__ B, AOp& a, Epi epi) {
-  if constexpr (PREC == 1) {
+  if constexpr (PREC == 1 && PIPE == 5) {
+    gemm_wg<BM, BN, BK, STAGES, S>(E, K, N, B, a, epi);
+  } else if constexpr (PREC == 1) {
     static_assert(PIPE == 2 && TM == 8 && TN == 4, "fp16x3 tiles: pipe stream, tm 8, tn 4 (checked by the spec)");
     gemm_x3<BM, BN, BK, STAGES, S>(E, K, N, B, a, epi);
   } else if constexpr (PIPE == 2) {

@@ -682,10 +682,15 @@ fn cublas_path_tiles_bitwise_equal_every_tile() {
 /// and compares every output bit for bit with the defaults' results. Each
 /// named kernel must appear in the call's profile.
 fn every_tile_bitwise(g: &Gpu, p: &Problem, stages: &[Stage]) {
+    every_tile_bitwise_in(g, p, stages, Precision::Exact)
+}
+/// [`every_tile_bitwise`] in `precision`, against that mode's defaults.
+fn every_tile_bitwise_in(g: &Gpu, p: &Problem, stages: &[Stage], precision: Precision) {
     let (cf, lmax) = (p.shape.cf as u32, p.shape.lmax as u32);
     let st = make_stack::<f32>(g, p);
-    let d = st.dispatch();
-    let want = run(g, &st, p, &BackwardOptions::relay()).unwrap();
+    let d = st.dispatch().with_precision(precision);
+    let relay = || BackwardOptions::relay().with_precision(precision);
+    let want = run_with(g, &st, p, &mode_fwd(precision), &relay()).unwrap();
     let s = &g.stream;
     let (u0, alpha, go) = (upload::<f32>(s, &p.u0), upload::<f32>(s, &p.alpha), upload::<f32>(s, &p.grad_out));
     let lists: Vec<_> = stages.iter().map(|&st| d.candidates_at(st, Dtype::F32, cf, lmax)).collect();
@@ -703,10 +708,9 @@ fn every_tile_bitwise(g: &Gpu, p: &Problem, stages: &[Stage]) {
                 bwd.set(*stage, k.name)
             }
         }
-        let fwd = ForwardOptions::default().with_tiles(fwd);
+        let fwd = mode_fwd(precision).with_tiles(fwd);
         let (out, z_all) = st.forward_with(s, &u0, &alpha, true, &fwd).unwrap();
-        let (gu, ga, _) =
-            st.backward(s, &go, &out, &z_all, &alpha, true, &BackwardOptions::relay().with_tiles(bwd)).unwrap();
+        let (gu, ga, _) = st.backward(s, &go, &out, &z_all, &alpha, true, &relay().with_tiles(bwd)).unwrap();
         let what = format!("{} with {used:?}", p.describe());
         // The overrides took effect: every named kernel launched.
         let ran: Vec<&str> = st.timings().unwrap().iter().filter_map(|k| k.ran.kernel()).collect();
@@ -719,7 +723,7 @@ fn every_tile_bitwise(g: &Gpu, p: &Problem, stages: &[Stage]) {
         assert!(bits(&download(s, &ga)) == bits(&want.grad_alpha), "grad_alpha differs bitwise: {what}");
     }
     st.set_profiling(false);
-    println!("ok bitwise: {most} tile sets of {stages:?} at {}", p.describe());
+    println!("ok bitwise ({precision}): {most} tile sets of {stages:?} at {}", p.describe());
 }
 
 /// From Cf 96 the gate contractions run as cuBLAS GEMMs around fwd_gate_act
@@ -922,6 +926,25 @@ fn fp16x3_gpu(test: &str) -> Option<Gpu> {
         return None;
     }
     Some(g)
+}
+
+/// Every fp16x3 relay GEMM tile (the mma.sync stream tiles and, on 9.0,
+/// the wgmma one) gives the mode's default tiles' bits, on every output:
+/// the same core arithmetic on another instruction path (core.cuh: gemm_x3,
+/// gemm_wg). E = 1, E not a multiple of any row block, lmax where N is not
+/// a multiple of wgmma's 64 columns among the draws.
+#[test]
+fn fp16x3_relay_tiles_bitwise_equal_every_tile() {
+    let name = "fp16x3_relay_tiles_bitwise_equal_every_tile";
+    let Some(g) = fp16x3_gpu(name) else { return };
+    let mut rng = rng_for(name);
+    let stages: Vec<Stage> = forward_stages().into_iter().chain(relay_stages()).filter(|s| !needs_cublas(*s)).collect();
+    let problems: &[(usize, usize, usize)] =
+        if race_mode() { &[(32, 70, 2)] } else { &[(32, 333, 2), (64, 1, 3), (32, 1, 3), (64, 333, 1), (32, 1001, 4)] };
+    for &(cf, e, lmax) in problems {
+        let p = Problem::random(&mut rng, race_sized(Shape { f: 2, e, cf, lmax, n_layers: 3 }), true);
+        every_tile_bitwise_in(&g, &p, &stages, Precision::Fp16x3);
+    }
 }
 
 fn x3_fwd() -> ForwardOptions {

@@ -159,6 +159,9 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
         if variant == Variant::Fused && !pipe.persistent() {
             return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
         }
+        if variant == Variant::Fused && pipe == crate::kinds::Pipe::Wgmma {
+            return Some("pipe: wgmma serves the relay's GEMM stages only".into());
+        }
         if variant != Variant::Fused && pipe.has_producers() {
             return Some("pipe: ws and split serve the fused backward only".into());
         }

@@ -73,9 +73,11 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let (a_rows, a_pitch, b_pitch) = match pipe {
         _ if x3 => (bm, bk.saturating_add(8), bn.saturating_add(4)),
         crate::kinds::Pipe::Regs => (bk, bm.saturating_add(apad), bn),
-        crate::kinds::Pipe::Async | crate::kinds::Pipe::Stream | crate::kinds::Pipe::Ws | crate::kinds::Pipe::Split => {
-            (bm, bk.saturating_add(apad), bn)
-        }
+        crate::kinds::Pipe::Async
+        | crate::kinds::Pipe::Stream
+        | crate::kinds::Pipe::Ws
+        | crate::kinds::Pipe::Split
+        | crate::kinds::Pipe::Wgmma => (bm, bk.saturating_add(apad), bn),
     };
     let c_pitch = bn.saturating_add(apad);
     let gemm = matches!(g, Geometry::Gemm { .. });
@@ -114,6 +116,8 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         match b {
             // A ring of `stages` chunks: the next ones load while one computes.
             SmemBuf::ATile => l.a_tile = place(prod(&[stages, a_rows, a_pitch, sz])),
+            // pipe wgmma: B is a panel of the whole K (below), not a ring.
+            SmemBuf::BTile if pipe == crate::kinds::Pipe::Wgmma => {}
             SmemBuf::BTile => l.b_tile = place(prod(&[stages, bk, b_pitch, sz])),
             SmemBuf::SRows => l.s_rows = place(prod(&[sets, rows, cf, sz])),
             SmemBuf::GzsRows => l.gzs_rows = place(prod(&[rows, cf, sz])),
@@ -124,7 +128,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     if gemm {
         l.c_tile = Some(0);
         // The streaming pipes' epilogue leaves from registers: no C tile.
-        if !matches!(pipe, crate::kinds::Pipe::Stream | crate::kinds::Pipe::Split) {
+        if !matches!(pipe, crate::kinds::Pipe::Stream | crate::kinds::Pipe::Split | crate::kinds::Pipe::Wgmma) {
             l.fixed = l.fixed.max(align16(prod(&[bm, c_pitch, sz])));
         }
     }
@@ -144,6 +148,12 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         }
     }
     l.per_lg = prod(&[slots, rows, sz]);
+    if pipe == crate::kinds::Pipe::Wgmma && bufs.contains(&SmemBuf::BTile) {
+        // The column tile's B, K x BN as fp16 head and tail halves (gemm_wg):
+        // 4 * BN bytes per K row, and K (M0 or M1) is at most 2 * L*Cf.
+        l.b_tile = Some(l.fixed);
+        l.per_lg = l.per_lg.saturating_add(prod(&[8, bn]));
+    }
     if bufs.contains(&SmemBuf::GlogitSub) {
         let sub = GLOG_SUB_ROWS.min(rows);
         l.glog_slot = Some(slots);

@@ -748,13 +748,20 @@ impl Specs {
                 }
                 let stages_ok = match t.pipe {
                     Pipe::Regs => (1..=2).contains(&t.stages),
-                    Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split => (2..=4).contains(&t.stages),
+                    Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma => (2..=4).contains(&t.stages),
                 };
                 if !stages_ok {
                     return Err(self.invalid(
                         "tiles.yaml",
                         field("stages"),
-                        "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream, ws or split",
+                        "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream, ws, split or wgmma",
+                    ));
+                }
+                if t.pipe == Pipe::Wgmma && t.precision != Precision::Fp16x3 {
+                    return Err(self.invalid(
+                        "tiles.yaml",
+                        field("pipe"),
+                        "pipe wgmma runs the fp16x3 core (gemm_wg): precision fp16x3",
                     ));
                 }
                 if t.precision == Precision::Fp16x3 {
@@ -894,8 +901,18 @@ impl Specs {
         if t.dtypes != [Dtype::F32] {
             return bad("dtypes", "the compensated products take f32 operands: dtypes [f32]");
         }
-        if !matches!(t.pipe, Pipe::Stream | Pipe::Split) {
-            return bad("pipe", "the core runs on the persistent ring: pipe stream (or split, fused)");
+        if !matches!(t.pipe, Pipe::Stream | Pipe::Split | Pipe::Wgmma) {
+            return bad("pipe", "the core runs on the persistent ring: pipe stream (or split, fused; or wgmma)");
+        }
+        if t.pipe == Pipe::Wgmma {
+            // gemm_wg: two warpgroups of 64 rows, one m64n64k16 product per
+            // k16 step and column tile, Hopper only.
+            if (t.block_m, t.bn) != (128, 64) {
+                return bad("block_m", "pipe wgmma: block_m 128 (two warpgroups of 64 rows), bn 64 (m64n64k16)");
+            }
+            if t.archs.as_deref() != Some(&[Arch::Sm90][..]) {
+                return bad("archs", "pipe wgmma uses Hopper's warpgroup MMA: archs [sm_90]");
+            }
         }
         for (f, v, want) in [("tm", t.tm, 8), ("tn", t.tn, 4)] {
             if v != want {

@@ -224,6 +224,11 @@ pub enum Pipe {
     /// buffer sets while the (BLOCK_M/TM)*(BN/TN) consumer threads run the
     /// GEMM. Launched as `Stream` is.
     Split,
+    /// `Stream`'s persistent walk for the fp16x3 relay GEMMs on Hopper's
+    /// warpgroup MMA (wgmma, sm_90a): two warpgroups of 64 rows each with
+    /// its own cp.async ring of A chunks, the block's column tile of B split
+    /// once into a shared-memory panel (templates/core.cuh: gemm_wg).
+    Wgmma,
 }
 
 /// Producer threads of a `pipe: ws` or `pipe: split` block (four warps: one
@@ -241,12 +246,13 @@ impl Pipe {
             Pipe::Stream => "ps",
             Pipe::Ws => "pw",
             Pipe::Split => "px",
+            Pipe::Wgmma => "pg",
         }
     }
     /// Whether blocks are persistent and walk many tiles (launched with at
     /// most the resident blocks): what the fused backward needs.
     pub fn persistent(self) -> bool {
-        matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split)
+        matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma)
     }
     /// Whether the block has producer threads besides the GEMM's.
     pub fn has_producers(self) -> bool {
@@ -260,6 +266,7 @@ impl Pipe {
             Pipe::Stream => 2,
             Pipe::Ws => 3,
             Pipe::Split => 4,
+            Pipe::Wgmma => 5,
         }
     }
 }
@@ -357,6 +364,13 @@ impl Geometry {
             _ => self.consumer_threads(),
         }
     }
+    /// A GEMM tile's pipe (row stages: none).
+    pub fn pipe(&self) -> Option<Pipe> {
+        match *self {
+            Geometry::Gemm { pipe, .. } => Some(pipe),
+            Geometry::Rows { .. } => None,
+        }
+    }
     /// The threads that run the block's GEMM, one (tm x tn) piece of the
     /// tile each (pipe ws / split: the consumers); a row stage's threads.
     pub fn consumer_threads(&self) -> u32 {
@@ -414,10 +428,10 @@ impl Geometry {
         }
     }
     /// Whether the instance uses instructions of its arch's "a" target
-    /// (sm_90a: `setmaxnreg`): its code runs on that compute capability
+    /// (sm_90a: `setmaxnreg`, `wgmma`): its code runs on that compute capability
     /// only, never on a later one through the driver's JIT.
     pub fn arch_specific(&self) -> bool {
-        self.setmaxnreg().is_some()
+        self.setmaxnreg().is_some() || matches!(self, Geometry::Gemm { pipe: Pipe::Wgmma, .. })
     }
     /// The tile part of the canonical name.
     pub fn tag(&self) -> String {
