@@ -812,6 +812,32 @@ fn geometry_gemm() {
 }
 
 #[test]
+fn geometry_wgmma_keeps_each_block_on_one_column_tile() {
+    // 66 resident blocks per focus: N = 256 has 4 column tiles, so 64 blocks
+    // (each stays on one column tile, and its B panel is split once).
+    let g = Geometry::Gemm {
+        block_m: 128,
+        bn: 64,
+        block_k: 32,
+        tm: 8,
+        tn: 4,
+        stages: 4,
+        min_blocks: 1,
+        pipe: mixstack::kinds::Pipe::Wgmma,
+        precision: Precision::Fp16x3,
+        regs: 0,
+    };
+    let e = entry(Stage::BwdGemm, Dtype::F32, 32, g, true, true);
+    assert_eq!(e.threads, 256);
+    assert_eq!(launch_config(&e, 646_000, 256, 2, 128, Some(132)).unwrap().grid_dim, (64, 1, 2));
+    assert_eq!(launch_config(&e, 646_000, 192, 2, 96, Some(132)).unwrap().grid_dim, (66, 1, 2));
+    // fewer tiles than blocks: one block a tile, as every pipe
+    assert_eq!(launch_config(&e, 100, 256, 2, 128, Some(132)).unwrap().grid_dim, (4, 1, 2));
+    // fewer resident blocks than column tiles: what there is
+    assert_eq!(launch_config(&e, 646_000, 320, 1, 160, Some(3)).unwrap().grid_dim, (3, 1, 1));
+}
+
+#[test]
 fn geometry_fused_walks_row_blocks() {
     // The fused stage is launched with n = 0: one work item per row block
     // (its blocks walk both segments of each), at most the resident blocks.

@@ -15,7 +15,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::args::StageCall;
 use super::error::{DriverContext, MixError};
-use super::table::{Geometry, KernelEntry, Stage};
+use super::table::{Geometry, KernelEntry, Pipe, Stage};
 
 /// Dynamic shared memory a kernel gets without opting in.
 pub const DEFAULT_DYNAMIC_SMEM: u64 = 48 * 1024;
@@ -56,6 +56,17 @@ pub fn launch_config(
             let col_tiles = if n == 0 { 1 } else { (n as u64).div_ceil(bn as u64) };
             let tiles = (e as u64).div_ceil(block_m as u64) * col_tiles;
             let blocks = match (pipe, resident) {
+                // pipe wgmma splits a column tile's B into shared memory once
+                // per block, again whenever the block's column tile changes:
+                // a multiple of the column tiles keeps each block on one.
+                (Pipe::Wgmma, Some(r)) => {
+                    let b = tiles.min((r / f.max(1) as u64).max(1));
+                    if b > col_tiles {
+                        b / col_tiles * col_tiles
+                    } else {
+                        b
+                    }
+                }
                 (p, Some(r)) if p.persistent() => tiles.min((r / f.max(1) as u64).max(1)),
                 _ => tiles,
             };

@@ -3,7 +3,7 @@
 //! name (crate::kinds::canonical_name).
 
 use super::layout::{layout, Layout};
-use super::spec::{BlockK, Kind, SpecError, Specs};
+use super::spec::{BlockK, Kind, SmemBuf, SpecError, Specs};
 use crate::kinds::{canonical_name, Arch, Dtype, Geometry, Stage, Variant};
 
 #[derive(Debug, Clone)]
@@ -76,6 +76,13 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                     let lay = layout(&st.smem, dtype, cf, &geometry);
                     if let Some(reason) = prune_reason(st.variant, cf, &geometry) {
                         out.pruned.push(Pruned { name, reason });
+                        continue;
+                    }
+                    // pipe wgmma's B panel takes the per-LG region (layout.rs).
+                    let wgmma = geometry.pipe() == Some(crate::kinds::Pipe::Wgmma);
+                    if wgmma && st.smem.iter().any(|b| !matches!(b, SmemBuf::ATile | SmemBuf::BTile)) {
+                        let reason = "pipe: wgmma's B panel takes the per-LG shared memory: a_tile and b_tile only";
+                        out.pruned.push(Pruned { name, reason: reason.into() });
                         continue;
                     }
                     // Shared memory grows with lmax: an arch is dropped only if

@@ -21,7 +21,8 @@ pub struct Layout {
     pub a_pitch: Option<u32>,
     pub b_pitch: Option<u32>,
     pub c_pitch: Option<u32>,
-    /// Byte offsets of the fixed buffers (absent ones: None).
+    /// Byte offsets of the fixed buffers (absent ones: None); with pipe
+    /// wgmma, `b_tile` is the B panel at `fixed`, in the per-LG region.
     pub a_tile: Option<u32>,
     pub b_tile: Option<u32>,
     pub s_rows: Option<u32>,

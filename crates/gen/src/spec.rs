@@ -893,7 +893,7 @@ impl Specs {
 
     /// What the fp16x3 core (templates/core.cuh: x3::chunk) is written for:
     /// f32 operands, a persistent cp.async ring (pipe: stream; the fused
-    /// backward's split walk too), one warp
+    /// backward's split walk too; pipe: wgmma, gemm_wg, its own shape), one warp
     /// per 32 x 32 output tile (tm 8 x tn 4 outputs per thread) and whole
     /// m16n8k16 steps per K chunk.
     fn fp16x3_tile(&self, field: &dyn Fn(&str) -> String, t: &GemmTileSpec) -> Result<(), SpecError> {
@@ -907,8 +907,11 @@ impl Specs {
         if t.pipe == Pipe::Wgmma {
             // gemm_wg: two warpgroups of 64 rows, one m64n64k16 product per
             // k16 step and column tile, Hopper only.
-            if (t.block_m, t.bn) != (128, 64) {
-                return bad("block_m", "pipe wgmma: block_m 128 (two warpgroups of 64 rows), bn 64 (m64n64k16)");
+            if t.block_m != 128 {
+                return bad("block_m", "pipe wgmma: block_m 128 (two warpgroups of 64 rows)");
+            }
+            if t.bn != 64 {
+                return bad("bn", "pipe wgmma: bn 64 (m64n64k16)");
             }
             if t.archs.as_deref() != Some(&[Arch::Sm90][..]) {
                 return bad("archs", "pipe wgmma uses Hopper's warpgroup MMA: archs [sm_90]");

@@ -250,7 +250,8 @@ impl Pipe {
         }
     }
     /// Whether blocks are persistent and walk many tiles (launched with at
-    /// most the resident blocks): what the fused backward needs.
+    /// most the resident blocks). The fused backward needs stream, ws or
+    /// split; wgmma serves the relay's GEMMs only (expand.rs prunes it there).
     pub fn persistent(self) -> bool {
         matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma)
     }
