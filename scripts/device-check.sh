@@ -24,6 +24,7 @@
 # summary; packs every log into $OUT/results.tar.gz (the device tool brings
 # back at most 8 files).
 #   SAN="memcheck synccheck" NCU_K="bwd_fused|bwd_gemm" scripts/device-check.sh
+#   NCU_K="pg_x3" NCU_PREC=fp16x3 NCU_C=4 scripts/device-check.sh   (the wgmma tiles in the fp16x3 mode)
 #   SAN=racecheck PER_TEST_S=60 SAN_S=500 scripts/device-check.sh   (each test alone)
 set -uo pipefail
 OUT=${OUT:-/tmp/mixstack-out}; mkdir -p "$OUT/r"
@@ -75,7 +76,9 @@ if [ "${EXP_FP16X3:-0}" = 1 ]; then
   if [ "${EXP_NCU:-0}" = 1 ]; then
     # the counters that say what bounds the cores (v3, v4 on mma.sync, v6 on wgmma): one
     # launch of each at one scale (each variant launches reps + 2 = 3 times)
-    EXP_SCALE=1 timeout "${EXP_NCU_S:-200}" ncu --clock-control none -k "regex:${EXP_NCU_K:-core|v44gemm|v64gemm}" -c "${EXP_NCU_C:-9}" \
+    # demangled names: v4's and v6's functions are both called gemm
+    EXP_SCALE=1 timeout "${EXP_NCU_S:-200}" ncu --clock-control none --kernel-name-base demangled \
+      -k "regex:${EXP_NCU_K:-core<|v4::gemm|v6::gemm}" -c "${EXP_NCU_C:-9}" \
       --set full -o "$OUT/r/exp_ncu" -f "$OUT/r/fp16x3" "${EXP_ROWS:-1292000}" 1 > "$OUT/r/exp_ncu_run.log" 2>&1; echo "exp ncu rc=$?"
     ncu -i "$OUT/r/exp_ncu.ncu-rep" --page details > "$OUT/r/exp_ncu_details.txt" 2>&1
     grep -E "^  [a-zA-Z_]|Duration|Issue Slots|Issued Ipc|Tensor|Theoretical Occ|Achieved Occ|Warp Cycles Per Issued|Registers Per|Stall|DRAM Throughput" \
@@ -151,7 +154,8 @@ for tool in ${SAN:-}; do
 done
 if [ -n "${NCU_K:-}" ]; then
   timeout "${NCU_S:-200}" ncu --clock-control none -k "regex:${NCU_K}" -c "${NCU_C:-2}" --set full --import-source no \
-    -o "$OUT/r/ncu" -f .device/mixstack bench --preset "${NCU_PRESET:-seed}" --reps 1 --variant relay --variant fused \
+    -o "$OUT/r/ncu" -f .device/mixstack bench --preset "${NCU_PRESET:-seed}" --reps 1 --precision "${NCU_PREC:-exact}" \
+    --variant relay --variant fused \
     > "$OUT/r/ncu_run.log" 2>&1; echo "ncu rc=$?"
   ncu -i "$OUT/r/ncu.ncu-rep" --page details > "$OUT/r/ncu_details.txt" 2>&1
   ncu -i "$OUT/r/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/r/ncu_sass.csv" 2>&1

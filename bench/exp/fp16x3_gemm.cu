@@ -21,8 +21,10 @@
 //   /tmp/fp16x3 [R] [reps]      (EXP_ALL=1: also the variants run 95 set aside)
 // Variants: v1 (a row pre-pass), v2 (B split per block), v3 (the product's
 // core), v4 and v5 (each operand split once; run 100): v4 and v5 are checked
-// bit for bit against v3, whose arithmetic they keep; v6 (wgmma, sm_90a: not
-// yet run), and cuBLAS's ceilings at the same shape.
+// bit for bit against v3, whose arithmetic they keep; v6 (wgmma, sm_90a;
+// run 119: v3's bits) and v7 (v6 with the next chunk's split overlapped with
+// the products, the A registers kept live to the wait; not yet run), and
+// cuBLAS's ceilings at the same shape.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -862,12 +864,21 @@ __device__ __forceinline__ void keep(float (&d)[R]) {  // no access to d moves a
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// A register operands stay live (and unmoved) to the wgmma wait: the
+// instruction reads them asynchronously, which the compiler cannot see.
+template <int S>
+__device__ __forceinline__ void keep_a(unsigned (&a)[S][4]) {
+#pragma unroll
+  for (int i = 0; i < S; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
 template <int BN, int K, int ST>
 struct Cfg {
   static constexpr int THREADS = 256, BM = 128, BK = 32, KT = K / BK, AP = BK + 8, REGS = BN / 2;
   static constexpr int PANEL = 2 * BN * K * 2, RING = ST * 64 * AP * 4, SMEM = PANEL + 2 * RING;
 };
-template <int BN, int K, int ST>
+template <int BN, int K, int ST, bool OV>
 __global__ void __launch_bounds__(256, 1)
     gemm(const float* __restrict__ A, const uint16_t* __restrict__ Bth, const uint16_t* __restrict__ Btl,
          float* __restrict__ C, long long R, int N) {
@@ -910,18 +921,26 @@ __global__ void __launch_bounds__(256, 1)
   float acc[REGS], ph[REGS], pt[REGS];
 #pragma unroll
   for (int i = 0; i < REGS; ++i) acc[i] = 0.f;
-  for (long long q = 0; q < chunks; ++q) {
+  // Chunk q's A, scaled and split, for this warp's rows (v3's split).
+  struct Split {
+    unsigned ah[BK / 16][4], al[BK / 16][4];
+    float inv[2];
+  };
+  auto split = [&](long long q, Split& sp) {
     ms::cp_async_wait<ST - 2>();
     ms::bar_sync(1 + wg, 128);  // chunk q landed for the warpgroup; slot (q - 1) % ST read by all of it
     if (q + ST - 1 < chunks) load(q + ST - 1);
     ms::cp_async_commit();
-    const int kc = (int)(q % KT);
     const float* as = ring + (int)(q % ST) * 64 * AP + (warp * 16 + g) * AP + 2 * t;  // row g; g + 8 at + 8 AP
-    float s[2], inv[2];
-    ms::x3::row_scales<BK, AP>(as, s, inv);
-    unsigned ah[BK / 16][4], al[BK / 16][4];
+    float s[2];
+    ms::x3::row_scales<BK, AP>(as, s, sp.inv);
 #pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) ms::x3::split_a<AP>(as, ks, s, ah[ks], al[ks]);
+    for (int ks = 0; ks < BK / 16; ++ks) ms::x3::split_a<AP>(as, ks, s, sp.ah[ks], sp.al[ks]);
+  };
+  Split cur, nxt;
+  if (chunks > 0) split(0, cur);
+  for (long long q = 0; q < chunks; ++q) {
+    const int kc = (int)(q % KT);
     keep(ph);
     keep(pt);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -931,21 +950,28 @@ __global__ void __launch_bounds__(256, 1)
       const uint64_t bh = desc(panel + kg * 64, 128, (K / 8) * 128);
       const uint64_t bl = desc(panel + BN * K + kg * 64, 128, (K / 8) * 128);
       if constexpr (BN == 96) {
-        mma_n96(ph, ah[ks], bh, ks);
-        mma_n96(pt, ah[ks], bl, ks);
-        mma_n96(pt, al[ks], bh, 1);
+        mma_n96(ph, cur.ah[ks], bh, ks);
+        mma_n96(pt, cur.ah[ks], bl, ks);
+        mma_n96(pt, cur.al[ks], bh, 1);
       } else {
-        mma_n64(ph, ah[ks], bh, ks);
-        mma_n64(pt, ah[ks], bl, ks);
-        mma_n64(pt, al[ks], bh, 1);
+        mma_n64(ph, cur.ah[ks], bh, ks);
+        mma_n64(pt, cur.ah[ks], bl, ks);
+        mma_n64(pt, cur.al[ks], bh, 1);
       }
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    // OV: split chunk q + 1 while chunk q's products run (their register A
+    // operand stays live to the wait: keep_a below).
+    if constexpr (OV) {
+      if (q + 1 < chunks) split(q + 1, nxt);
+    }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     keep(ph);
     keep(pt);
+    keep_a(cur.ah);
+    keep_a(cur.al);
 #pragma unroll
-    for (int i = 0; i < REGS; ++i) acc[i] = fmaf(fmaf(pt[i], ms::x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
+    for (int i = 0; i < REGS; ++i) acc[i] = fmaf(fmaf(pt[i], ms::x3::INV_TAIL, ph[i]), cur.inv[(i % 4) / 2], acc[i]);
     if (kc == KT - 1) {
       const long long row0 = (rb0 + (q / KT) * G) * 128 + wg * 64 + warp * 16 + g;
 #pragma unroll
@@ -959,14 +985,19 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
       for (int i = 0; i < REGS; ++i) acc[i] = 0.f;
     }
+    if constexpr (OV) {
+      cur = nxt;
+    } else if (q + 1 < chunks) {
+      split(q + 1, cur);
+    }
   }
   ms::cp_async_wait<0>();
 #endif
 }
-template <int BN, int K, int ST>
+template <int BN, int K, int ST, bool OV = false>
 void run(const float* dB, uint16_t* bth, uint16_t* btl, const float* dA, float* dC, long long R) {
   typedef Cfg<BN, K, ST> CF;
-  auto k = gemm<BN, K, ST>;
+  auto k = gemm<BN, K, ST, OV>;
   static int per_sm = -1, sms = 0;
   if (per_sm < 0) {
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
@@ -1198,6 +1229,9 @@ int main(int argc, char** argv) {
         against_v3("v5 s4");
         measure("v6 wgmma k32 s4", [&] { v6::run<BN6, KK, 4>(dB, dbth, dbtl, dA, dC, R); }, A, B, dC, R, K, N, scale, reps);
         against_v3("v6");
+        measure("v7 wgmma k32 s4, split overlapped", [&] { v6::run<BN6, KK, 4, true>(dB, dbth, dbtl, dA, dC, R); }, A, B,
+                dC, R, K, N, scale, reps);
+        against_v3("v7");
       };
       if (K == 192)
         newer(std::integral_constant<int, 192>{});
