@@ -913,11 +913,12 @@ __device__ __forceinline__ void chunk(float (&acc)[2][4][4], const float* As, co
   }
 }
 
-// A tile's epilogue from the fragments: lanes t and t ^ 1 trade halves so
-// that each holds 4 consecutive columns of one row (even t: row g, columns
-// 2t..2t+3; odd t: row g + 8, columns 2t-2..2t+1), then epi(e, n, v) as
-// the exact path calls it; the accumulators restart at zero.
-// One m16n8 fragment c: rows e16 + g, e16 + g + 8, columns n8 + 2t, + 1.
+// The epilogue of one m16n8 fragment c (rows e16 + g and e16 + g + 8,
+// columns n8 + 2t, + 1): lanes t and t ^ 1 trade halves so that each holds
+// 4 consecutive columns of one row (even t: row g, columns 2t..2t+3; odd t:
+// row g + 8, columns 2t-2..2t+1), then epi(e, n, v) as the exact path calls
+// it; the accumulators restart at zero. wgmma's m64 accumulators are laid
+// out as four warps' m16 fragments, so gemm_wg stores through it too.
 template <typename Epi>
 __device__ __forceinline__ void store_frag(float* c, i64 e16, int n8, int lane, i64 E, int N, Epi& epi) {
   const int g = lane / 4, t = lane % 4;
@@ -931,6 +932,7 @@ __device__ __forceinline__ void store_frag(float* c, i64 e16, int n8, int lane, 
 #pragma unroll
   for (int q = 0; q < 4; ++q) c[q] = 0.f;
 }
+// A warp's 32 x 32 tile of gemm_x3's core.
 template <typename Epi>
 __device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int lane, i64 e0, int n0, i64 E, int N,
                                       Epi& epi) {

@@ -775,8 +775,13 @@ fn wgmma_tiles_are_built_for_sm_90a() {
             "block_m: 64, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
             "block_m 128",
         ),
+        (
+            "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
+            "block_m: 128, bn: 96, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
+            "bn 64",
+        ),
         ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, precision: fp16x3", "archs [sm_90]"),
-        ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, archs: [sm_90]", "pipe"),
+        ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, archs: [sm_90]", "runs the fp16x3 core"),
     ] {
         let e = load_err(&specs_with("tiles.yaml", |t| t.replacen(from, to, 1)));
         assert!(e.contains(want) && e.contains("tiles.yaml:"), "{to}: {e}");

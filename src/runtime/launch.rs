@@ -55,19 +55,19 @@ pub fn launch_config(
             // read the same A rows run together and share them through L2.
             let col_tiles = if n == 0 { 1 } else { (n as u64).div_ceil(bn as u64) };
             let tiles = (e as u64).div_ceil(block_m as u64) * col_tiles;
-            let blocks = match (pipe, resident) {
-                // pipe wgmma splits a column tile's B into shared memory once
-                // per block, again whenever the block's column tile changes:
-                // a multiple of the column tiles keeps each block on one.
-                (Pipe::Wgmma, Some(r)) => {
+            let blocks = match resident {
+                Some(r) if pipe.persistent() => {
                     let b = tiles.min((r / f.max(1) as u64).max(1));
-                    if b > col_tiles {
+                    // pipe wgmma splits a column tile's B into shared memory
+                    // once per block, again whenever the block's column tile
+                    // changes: a multiple of the column tiles keeps each
+                    // block on one.
+                    if pipe == Pipe::Wgmma && b > col_tiles {
                         b / col_tiles * col_tiles
                     } else {
                         b
                     }
                 }
-                (p, Some(r)) if p.persistent() => tiles.min((r / f.max(1) as u64).max(1)),
                 _ => tiles,
             };
             (t, blocks, 1)

@@ -4,7 +4,7 @@
 
 use super::layout::{layout, Layout};
 use super::spec::{BlockK, Kind, SmemBuf, SpecError, Specs};
-use crate::kinds::{canonical_name, Arch, Dtype, Geometry, Stage, Variant};
+use crate::kinds::{canonical_name, Arch, Dtype, Geometry, Pipe, Stage, Variant};
 
 #[derive(Debug, Clone)]
 pub struct Instance {
@@ -79,7 +79,7 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                         continue;
                     }
                     // pipe wgmma's B panel takes the per-LG region (layout.rs).
-                    let wgmma = geometry.pipe() == Some(crate::kinds::Pipe::Wgmma);
+                    let wgmma = geometry.pipe() == Some(Pipe::Wgmma);
                     if wgmma && st.smem.iter().any(|b| !matches!(b, SmemBuf::ATile | SmemBuf::BTile)) {
                         let reason = "pipe: wgmma's B panel takes the per-LG shared memory: a_tile and b_tile only";
                         out.pruned.push(Pruned { name, reason: reason.into() });
@@ -163,11 +163,8 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
     if let Geometry::Gemm { block_k, pipe, .. } = *g {
-        if variant == Variant::Fused && !pipe.persistent() {
+        if variant == Variant::Fused && !matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split) {
             return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
-        }
-        if variant == Variant::Fused && pipe == crate::kinds::Pipe::Wgmma {
-            return Some("pipe: wgmma serves the relay's GEMM stages only".into());
         }
         if variant != Variant::Fused && pipe.has_producers() {
             return Some("pipe: ws and split serve the fused backward only".into());
@@ -188,9 +185,7 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
             _ => unreachable!(),
         };
         let (a_chunk, b_chunk) = (bm as u64 * block_k as u64, block_k as u64 * bn as u64);
-        if pipe == crate::kinds::Pipe::Regs
-            && (!a_chunk.is_multiple_of(threads as u64) || !b_chunk.is_multiple_of(threads as u64))
-        {
+        if pipe == Pipe::Regs && (!a_chunk.is_multiple_of(threads as u64) || !b_chunk.is_multiple_of(threads as u64)) {
             return Some(format!(
                 "{threads} threads do not divide the A ({bm}x{block_k}) and B ({block_k}x{bn}) chunks"
             ));

@@ -3,7 +3,7 @@
 //! from the generated table. Nothing re-derives it in a template or kernel.
 
 use super::spec::SmemBuf;
-use crate::kinds::{Dtype, Geometry};
+use crate::kinds::{Dtype, Geometry, Pipe};
 use serde::Serialize;
 
 /// Rows of a `glogit_sub` buffer at most (the kernel reads the rows it got
@@ -64,7 +64,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let rows = g.rows();
     let (bm, bn, bk, stages, pipe) = match *g {
         Geometry::Gemm { block_m, bn, block_k, stages, pipe, .. } => (block_m, bn, block_k, stages, pipe),
-        Geometry::Rows { rows, .. } => (rows, 0, 0, 0, crate::kinds::Pipe::Regs),
+        Geometry::Rows { rows, .. } => (rows, 0, 0, 0, Pipe::Regs),
     };
     // A 16-byte pad per row keeps vector accesses aligned and spreads a
     // warp's column reads over the banks. The fp16x3 core (core.cuh: x3)
@@ -73,12 +73,8 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let x3 = g.precision() == crate::kinds::Precision::Fp16x3;
     let (a_rows, a_pitch, b_pitch) = match pipe {
         _ if x3 => (bm, bk.saturating_add(8), bn.saturating_add(4)),
-        crate::kinds::Pipe::Regs => (bk, bm.saturating_add(apad), bn),
-        crate::kinds::Pipe::Async
-        | crate::kinds::Pipe::Stream
-        | crate::kinds::Pipe::Ws
-        | crate::kinds::Pipe::Split
-        | crate::kinds::Pipe::Wgmma => (bm, bk.saturating_add(apad), bn),
+        Pipe::Regs => (bk, bm.saturating_add(apad), bn),
+        Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma => (bm, bk.saturating_add(apad), bn),
     };
     let c_pitch = bn.saturating_add(apad);
     let gemm = matches!(g, Geometry::Gemm { .. });
@@ -105,20 +101,20 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         per_lg: 0,
         panel: None,
     };
-    if pipe == crate::kinds::Pipe::Ws {
+    if pipe == Pipe::Ws {
         return ws_layout(l, bufs, sz, cf, bm, bk, bn, stages);
     }
     // pipe: split keeps two sets of the per-row buffers (s and sig), one
     // being read by the GEMM's threads while the producers fill the other:
     // s slot j at s_rows + j * rows * Cf values, sig slot j at per-LG slot
     // sig_slot + j.
-    let sets = if pipe == crate::kinds::Pipe::Split { 2 } else { 1 };
+    let sets = if pipe == Pipe::Split { 2 } else { 1 };
     for b in bufs {
         match b {
             // A ring of `stages` chunks: the next ones load while one computes.
             SmemBuf::ATile => l.a_tile = place(prod(&[stages, a_rows, a_pitch, sz])),
             // pipe wgmma: B is a panel of the whole K (below), not a ring.
-            SmemBuf::BTile if pipe == crate::kinds::Pipe::Wgmma => {}
+            SmemBuf::BTile if pipe == Pipe::Wgmma => {}
             SmemBuf::BTile => l.b_tile = place(prod(&[stages, bk, b_pitch, sz])),
             SmemBuf::SRows => l.s_rows = place(prod(&[sets, rows, cf, sz])),
             SmemBuf::GzsRows => l.gzs_rows = place(prod(&[rows, cf, sz])),
@@ -129,7 +125,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     if gemm {
         l.c_tile = Some(0);
         // The streaming pipes' epilogue leaves from registers: no C tile.
-        if !matches!(pipe, crate::kinds::Pipe::Stream | crate::kinds::Pipe::Split | crate::kinds::Pipe::Wgmma) {
+        if !matches!(pipe, Pipe::Stream | Pipe::Split | Pipe::Wgmma) {
             l.fixed = l.fixed.max(align16(prod(&[bm, c_pitch, sz])));
         }
     }
@@ -149,7 +145,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         }
     }
     l.per_lg = prod(&[slots, rows, sz]);
-    if pipe == crate::kinds::Pipe::Wgmma && bufs.contains(&SmemBuf::BTile) {
+    if pipe == Pipe::Wgmma && bufs.contains(&SmemBuf::BTile) {
         // The column tile's B, K x BN as fp16 head and tail halves (gemm_wg):
         // 4 * BN bytes per K row, and K (M0 or M1) is at most 2 * L*Cf.
         l.b_tile = Some(l.fixed);

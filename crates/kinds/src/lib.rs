@@ -251,7 +251,7 @@ impl Pipe {
     }
     /// Whether blocks are persistent and walk many tiles (launched with at
     /// most the resident blocks). The fused backward needs stream, ws or
-    /// split; wgmma serves the relay's GEMMs only (expand.rs prunes it there).
+    /// split; wgmma serves the relay's GEMMs only (expand.rs prunes the rest).
     pub fn persistent(self) -> bool {
         matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma)
     }
