@@ -1406,6 +1406,16 @@ __device__ __forceinline__ void keep(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// wgmma reads its register A operand asynchronously, until the wait: kept
+// live (and unmoved) to there, or the compiler may reuse the registers
+// (CUTLASS's warpgroup_fence_operand).
+template <int S>
+__device__ __forceinline__ void keep(unsigned (&a)[S][4]) {
+#pragma unroll
+  for (int i = 0; i < S; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
 }  // namespace wg
 
 template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
@@ -1493,6 +1503,8 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     wg::keep(ph);
     wg::keep(pt);
+    wg::keep(ah);
+    wg::keep(al);
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
     if (kc == KT - 1) {
