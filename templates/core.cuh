@@ -1422,32 +1422,44 @@ template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename
 __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(BM == 128 && BN == 64 && BK % 16 == 0, "two warpgroups of 64 rows, m64n64k16 (checked by the spec)");
-  constexpr int AK = S::a_pitch, RING = STAGES * 64 * AK;
+  constexpr int AK = S::a_pitch, SLOT = 64 * AK;
   const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  float* ring = smem_at<float>(S::a_tile) + wgi * RING;
+  float* ring = smem_at<float>(S::a_tile) + wgi * STAGES * SLOT;
   unsigned short* panel = smem_at<unsigned short>(S::b_tile);  // head: K x BN halves, then the tail's
   const int ntn = (N + BN - 1) / BN;
   const i64 tiles = (E + BM - 1) / BM * ntn;
   if ((i64)blockIdx.x >= tiles) return;  // whole block: no barrier is skipped
   const int KT = K / BK;
-  const i64 chunks = ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * KT;  // this block's, per warpgroup
-  auto tile_of = [&](i64 q) { return (i64)blockIdx.x + (q / KT) * gridDim.x; };
-  // Chunk q of this warpgroup's walk (its 64 rows) into ring slot q % STAGES.
-  auto load = [&](i64 q) {
-    const i64 r0 = (tile_of(q) / ntn) * BM + wgi * 64;
-    const int k0 = (int)(q % KT) * BK;
-    float* slot = ring + (int)(q % STAGES) * 64 * AK;
-    for (int v = wt; v < 64 * BK / 4; v += 128) {
-      const int m = v / (BK / 4), c = (v % (BK / 4)) * 4;
-      const bool ok = r0 + m < E;
-      cp_async16(slot + m * AK + c, ok ? a.row(r0 + m) + k0 + c : a.row(0), ok ? 16 : 0);
+  const i64 nq = ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * KT;  // this block's chunks, per warpgroup
+  const i64 dm = gridDim.x / ntn;
+  const int dn = gridDim.x % ntn;
+  // stream_walk's walk, per warpgroup (its 64 rows of each tile, its own
+  // ring and named barrier): counters and TileWalk, no 64-bit division per
+  // chunk, one 64-bit address per chunk copy.
+  const TileWalk first{(i64)(blockIdx.x / ntn), (int)(blockIdx.x % ntn)};
+  TileWalk lw = first, cw = first;
+  int lkt = 0, lst = 0;
+  i64 lq = 0;
+  const ChunkCopy<float, 64, BK / 4, 128, AK> copy_a(wt);
+  const unsigned ring0 = smem_addr(ring);
+  const int stride = a.stride();
+  auto load_next = [&]() {
+    const i64 r0 = lw.m * BM + wgi * 64;
+    const int rows = E - r0 >= 64 ? 64 : E > r0 ? (int)(E - r0) : 0;
+    copy_a.copy(ring0 + lst * SLOT * (int)sizeof(float), a.row(rows > 0 ? r0 : 0) + lkt * BK, stride, rows == 64,
+                [&](int m, int) { return m < rows; });
+    if (++lkt == KT) {
+      lkt = 0;
+      lw.step(dm, dn, ntn);
     }
+    lst = lst + 1 == STAGES ? 0 : lst + 1;
+    ++lq;
   };
   // Column tile n0's B into the panel, by the whole block.
   auto fill_panel = [&](int n0) {
     unsigned* hw = reinterpret_cast<unsigned*>(panel);
-    unsigned* lw = hw + K * BN / 2;
+    unsigned* tw = hw + K * BN / 2;
     for (int v = tid; v < BN * (K / 2); v += blockDim.x) {
       const int n = v % BN, k = 2 * (v / BN);
       const bool ok = n0 + n < N;
@@ -1455,33 +1467,27 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
       x3::split2(ok ? B[(i64)k * N + n0 + n] : 0.f, ok ? B[(i64)(k + 1) * N + n0 + n] : 0.f, h, l);
       const int w = (((n / 8) * (K / 8) + k / 8) * 64 + (n % 8) * 8 + k % 8) / 2;
       hw[w] = h;
-      lw[w] = l;
+      tw[w] = l;
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // these writes, then wgmma's reads
     __syncthreads();
   };
-  for (int q = 0; q < STAGES - 1; ++q) {
-    if (q < chunks) load(q);
-    cp_async_commit();
-  }
+  prime_ring<STAGES>(lq, nq, load_next);
   float acc[BN / 2], ph[BN / 2], pt[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-  int panel_n0 = -1;
-  for (i64 q = 0; q < chunks; ++q) {
-    const int kc = (int)(q % KT);
-    const i64 tq = tile_of(q);
-    const int n0 = (int)(tq % ntn) * BN;
-    if (kc == 0 && n0 != panel_n0) {  // block-uniform: both warpgroups walk the same tiles
-      __syncthreads();                // every wgmma on the old panel has completed (waited below)
-      fill_panel(n0);
-      panel_n0 = n0;
+  int panel_n = -1, ckt = 0, cst = 0;
+  for (i64 q = 0; q < nq; ++q) {
+    if (ckt == 0 && cw.n != panel_n) {  // block-uniform: both warpgroups walk the same tiles
+      __syncthreads();                  // every wgmma on the old panel has completed (waited below)
+      fill_panel(cw.n * BN);
+      panel_n = cw.n;
     }
     cp_async_wait<STAGES - 2>();
     bar_sync(1 + wgi, 128);  // chunk q is in for the warpgroup; slot (q - 1) % STAGES is free
-    if (q + STAGES - 1 < chunks) load(q + STAGES - 1);
+    if (lq < nq) load_next();
     cp_async_commit();
-    const float* as = ring + (int)(q % STAGES) * 64 * AK + (warp * 16 + g) * AK + 2 * t;  // row g; g + 8 at + 8 AK
+    const float* as = ring + cst * SLOT + (warp * 16 + g) * AK + 2 * t;  // row g; g + 8 at + 8 AK
     float s[2], inv[2];
     x3::row_scales<BK, AK>(as, s, inv);
     unsigned ah[BK / 16][4], al[BK / 16][4];
@@ -1492,7 +1498,7 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
-      const int kg = (kc * BK + ks * 16) / 8;
+      const int kg = (ckt * BK + ks * 16) / 8;
       const unsigned long long bh = wg::desc(panel + kg * 64, 128, (K / 8) * 128);
       const unsigned long long bl = wg::desc(panel + BN * K + kg * 64, 128, (K / 8) * 128);
       wg::mma_n64(ph, ah[ks], bh, ks);
@@ -1507,10 +1513,13 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     wg::keep(al);
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
-    if (kc == KT - 1) {
-      const i64 e16 = (tq / ntn) * BM + wgi * 64 + warp * 16;
+    cst = cst + 1 == STAGES ? 0 : cst + 1;
+    if (++ckt == KT) {
+      const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, n0 + j * 8, lane, E, N, epi);
+      for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, epi);
+      ckt = 0;
+      cw.step(dm, dn, ntn);
     }
   }
   cp_async_wait<0>();
