@@ -800,6 +800,13 @@ __device__ __forceinline__ void split2(float x, float y, unsigned& h, unsigned& 
   unpack_h2(h, hx, hy);
   l = pack_h2((x - hx) * TAIL, (y - hy) * TAIL);
 }
+// One float's head and tail halves, as split2 forms each of its two.
+__device__ __forceinline__ void split1(float x, unsigned short& h, unsigned short& l) {
+  float hx;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hx) : "h"(h));
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"((x - hx) * TAIL));
+}
 // s = 2^(11 - x) and inv = 2^(x - 11) for mx = m 2^x (m in [0.5, 1)), from
 // the bits (exact powers of two), both from one clamped x so that s * inv
 // is exactly 1: a max below 2^-115 (subnormal included) is scaled as 2^-115
@@ -944,6 +951,89 @@ __device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int
 }  // namespace x3
 
 // ---------------------------------------------------------------------------
+// Hopper's warpgroup MMA (sm_90a) for the fp16x3 products: gemm_wg and the
+// fused walk's split_wgmma consumers.
+namespace wg {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mma_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long b,
+                                        int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+#endif
+// A no-swizzle shared-memory matrix descriptor: start, leading and stride
+// byte offsets.
+__device__ __forceinline__ unsigned long long desc(const void* smem, unsigned lbo, unsigned sbo) {
+  const unsigned a = smem_addr(smem);
+  return (unsigned long long)((a & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32);
+}
+// No access to d moves across a wgmma fence or wait.
+template <int R>
+__device__ __forceinline__ void keep(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// wgmma reads its register A operand asynchronously, until the wait: kept
+// live (and unmoved) to there, or the compiler may reuse the registers
+// (CUTLASS's warpgroup_fence_operand).
+template <int S>
+__device__ __forceinline__ void keep(unsigned (&a)[S][4]) {
+#pragma unroll
+  for (int i = 0; i < S; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+// One K chunk of a warpgroup's 64 x BN tile: acc += A_chunk B_chunk with
+// x3::chunk's products and fold, so the same bits. A: the ring's row-major
+// chunk (pitch AK), warp w's rows 16 w.., scaled and split in registers; B:
+// fp16 head and tail core matrices in shared memory (bh, bt at the chunk's
+// first k group; n groups sbo bytes apart, k groups 128). Sm_90a.
+template <int BK, int AK, int BN>
+__device__ __forceinline__ void chunk(float (&acc)[BN / 2], const float* As, const unsigned short* bh,
+                                      const unsigned short* bt, unsigned sbo, int warp, int lane) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(BN == 64, "m64n64k16");
+  const float* a0 = As + (warp * 16 + lane / 4) * AK + 2 * (lane % 4);  // row g; g + 8 at + 8 AK
+  float s[2], inv[2];
+  x3::row_scales<BK, AK>(a0, s, inv);
+  unsigned ah[BK / 16][4], al[BK / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < BK / 16; ++ks) x3::split_a<AK>(a0, ks, s, ah[ks], al[ks]);
+  float ph[BN / 2], pt[BN / 2];
+  keep(ph);
+  keep(pt);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int ks = 0; ks < BK / 16; ++ks) {
+    const unsigned long long dh = desc(bh + ks * 128, 128, sbo), dt = desc(bt + ks * 128, 128, sbo);
+    mma_n64(ph, ah[ks], dh, ks);
+    mma_n64(pt, ah[ks], dt, ks);
+    mma_n64(pt, al[ks], dh, 1);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  keep(ph);
+  keep(pt);
+  keep(ah);
+  keep(al);
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
+#else
+  __trap();  // sm_90a only (the spec's archs and the instance's target)
+#endif
+}
+}  // namespace wg
+
+// ---------------------------------------------------------------------------
 // Row-block streaming GEMM: the fused backward's core. A persistent block
 // owns whole row blocks (rb = blockIdx.x, blockIdx.x + gridDim.x, ...) and,
 // per row block, walks every column tile of both output segments (square
@@ -1042,7 +1132,7 @@ struct ChunkGz {
 // With P == 0 the whole block runs a.tile(e0) at each row block's first
 // chunk, between block barriers.
 
-template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, int P, int PREC,
+template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, typename S, int P, int PREC, bool WG,
           typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Seg<T> seg1, AOp& a, Epi epi) {
   constexpr int W = Vec<T>::W, TX = BN / TN, TY = BM / TM, THREADS = TX * TY, ALL = P + THREADS;
@@ -1054,6 +1144,8 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
   static_assert(P % 32 == 0 && THREADS % 32 == 0, "whole warps on each side");
+  static_assert(!WG || (PREC == 1 && P > 0 && THREADS == 128 && BM == 64 && BN == 64),
+                "split_wgmma: fp16x3, producers, one consumer warpgroup of 64 x 64 (checked by the spec)");
   const i64 nrb = (E + BM - 1) / BM;
   if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
   // This block's row blocks: blockIdx.x, blockIdx.x + gridDim.x, ...
@@ -1133,10 +1225,15 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   prime_ring<STAGES>(lq, nq, load_next);
   [[maybe_unused]] T acc[TM][TN];        // exact: thread (ty, tx)'s outputs
   [[maybe_unused]] float acc3[2][4][4];  // fp16x3: warp (wm, wn)'s 32 x 32 tile
+  // split_wgmma: the warpgroup's m64n64 accumulators (warp w: rows 16 w..)
+  [[maybe_unused]] float accw[WG ? BN / 2 : 1];
   constexpr int WN = BN >= 32 ? BN / 32 : 1;  // warp tiles across (fp16x3: BN % 32 == 0)
   [[maybe_unused]] const int lane = tid % 32, wm = tid / 32 / WN, wn = tid / 32 % WN;
   if constexpr (PREC == 0) {
     zero_acc(acc);
+  } else if constexpr (WG) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) accw[i] = 0.f;
   } else {
     zero_acc(acc3[0]);
     zero_acc(acc3[1]);
@@ -1174,6 +1271,21 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     if constexpr (P > 0) {
       if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
       form_own();
+      if constexpr (WG) {
+        // The B chunk into wgmma's fp16 core matrices, each piece by the
+        // thread that copied it (chunk q - 1's products have completed: its
+        // wait); the barrier below publishes them to the async proxy.
+        unsigned short* bx = smem_at<unsigned short>(S::b_split);
+        const T* bs = Bs + cst * B_STAGE;
+        copy_b.each([&](int, int k, int n0) {
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            const int n = n0 + w, at = ((n / 8) * (BK / 8) + k / 8) * 64 + (n % 8) * 8 + k % 8;
+            x3::split1(bs[k * BP + n], bx[at], bx[BK * BN + at]);
+          }
+        });
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      }
       sync();  // chunk q is in and formed; everyone is done with chunk q-1's slot
       // The row block's last chunk has read its slot: hand it back if the
       // producers will fill it again (row block crb + 2).
@@ -1196,6 +1308,9 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       // a segment may end inside the tile (seg1 N 192 at bn 128).
       const int live = TN > W ? (cw.s ? seg1.N : seg0.N) - cw.ct * BN : BN;
       mma_stream<T, BM, BN, BK, TM, TN, BP>(acc, as, AK, Bs + cst * B_STAGE, ty, tx, live);
+    } else if constexpr (WG) {
+      const unsigned short* bx = smem_at<unsigned short>(S::b_split);
+      wg::chunk<BK, AK, BN>(accw, as, bx, bx + BK * BN, (BK / 8) * 128, tid / 32, lane);
     } else {
       x3::chunk<BK, AK, BP>(acc3, as, Bs + cst * B_STAGE, wm, wn, lane);
     }
@@ -1203,6 +1318,11 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
       if constexpr (PREC == 0) {
         store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
+      } else if constexpr (WG) {
+        auto at_off = [&](i64 e, int n, const float* v) { epi(e, off + n, v); };
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+          x3::store_frag(accw + 4 * j, e0 + tid / 32 * 16, cw.ct * BN + j * 8, lane, E, cw.s ? seg1.N : seg0.N, at_off);
       } else {
         auto at_off = [&](i64 e, int n, const float* v) { epi(e, off + n, v); };
         x3::store(acc3, wm, wn, lane, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, at_off);
@@ -1377,46 +1497,6 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 // wgmmas (ph = ah bh, pt = ah bl + al bh, fresh at the chunk's first step),
 // folded per chunk as x3::chunk folds them. Columns past N are zeros in the
 // panel and never stored.
-namespace wg {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void mma_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long b,
-                                        int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-#endif
-// A no-swizzle shared-memory matrix descriptor: start, leading and stride
-// byte offsets.
-__device__ __forceinline__ unsigned long long desc(const void* smem, unsigned lbo, unsigned sbo) {
-  const unsigned a = smem_addr(smem);
-  return (unsigned long long)((a & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-         ((unsigned long long)(sbo >> 4) << 32);
-}
-// No access to d moves across a wgmma fence or wait.
-template <int R>
-__device__ __forceinline__ void keep(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// wgmma reads its register A operand asynchronously, until the wait: kept
-// live (and unmoved) to there, or the compiler may reuse the registers
-// (CUTLASS's warpgroup_fence_operand).
-template <int S>
-__device__ __forceinline__ void keep(unsigned (&a)[S][4]) {
-#pragma unroll
-  for (int i = 0; i < S; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
-}
-}  // namespace wg
 
 template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
@@ -1424,7 +1504,6 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
   static_assert(BM == 128 && BN == 64 && BK % 16 == 0, "two warpgroups of 64 rows, m64n64k16 (checked by the spec)");
   constexpr int AK = S::a_pitch, SLOT = 64 * AK;
   const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
   float* ring = smem_at<float>(S::a_tile) + wgi * STAGES * SLOT;
   unsigned short* panel = smem_at<unsigned short>(S::b_tile);  // head: K x BN halves, then the tail's
   const int ntn = (N + BN - 1) / BN;
@@ -1473,7 +1552,7 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     __syncthreads();
   };
   prime_ring<STAGES>(lq, nq, load_next);
-  float acc[BN / 2], ph[BN / 2], pt[BN / 2];
+  float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   int panel_n = -1, ckt = 0, cst = 0;
@@ -1487,32 +1566,8 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     bar_sync(1 + wgi, 128);  // chunk q is in for the warpgroup; slot (q - 1) % STAGES is free
     if (lq < nq) load_next();
     cp_async_commit();
-    const float* as = ring + cst * SLOT + (warp * 16 + g) * AK + 2 * t;  // row g; g + 8 at + 8 AK
-    float s[2], inv[2];
-    x3::row_scales<BK, AK>(as, s, inv);
-    unsigned ah[BK / 16][4], al[BK / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) x3::split_a<AK>(as, ks, s, ah[ks], al[ks]);
-    wg::keep(ph);
-    wg::keep(pt);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
-      const int kg = (ckt * BK + ks * 16) / 8;
-      const unsigned long long bh = wg::desc(panel + kg * 64, 128, (K / 8) * 128);
-      const unsigned long long bl = wg::desc(panel + BN * K + kg * 64, 128, (K / 8) * 128);
-      wg::mma_n64(ph, ah[ks], bh, ks);
-      wg::mma_n64(pt, ah[ks], bl, ks);
-      wg::mma_n64(pt, al[ks], bh, 1);
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    wg::keep(ph);
-    wg::keep(pt);
-    wg::keep(ah);
-    wg::keep(al);
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
+    const unsigned short* bh = panel + ckt * BK / 8 * 64;
+    wg::chunk<BK, AK, BN>(acc, ring + cst * SLOT, bh, bh + BN * K, (K / 8) * 128, warp, lane);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;

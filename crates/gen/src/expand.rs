@@ -163,11 +163,11 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
     if let Geometry::Gemm { block_k, pipe, .. } = *g {
-        if variant == Variant::Fused && !matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split) {
-            return Some("the fused backward streams: it needs pipe: stream, ws or split".into());
+        if variant == Variant::Fused && !matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::SplitWgmma) {
+            return Some("the fused backward streams: it needs pipe: stream, ws, split or split_wgmma".into());
         }
         if variant != Variant::Fused && pipe.has_producers() {
-            return Some("pipe: ws and split serve the fused backward only".into());
+            return Some("pipe: ws, split and split_wgmma serve the fused backward only".into());
         }
         let sub = super::layout::GLOG_SUB_ROWS;
         if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {

@@ -41,6 +41,9 @@ pub struct Layout {
     pub glog_rows: Option<u32>,
     /// Bytes per gate column: launch with `fixed + per_lg * L*Cf`.
     pub per_lg: u32,
+    /// `pipe: split_wgmma`: byte offset of the B chunk split into fp16 head
+    /// and tail halves (BK x BN each, wgmma's core matrices), in `fixed`.
+    pub b_split: Option<u32>,
     /// `pipe: ws`: byte offset of the A panel (BLOCK_M rows of ROW + pad),
     /// which sig (BLOCK_M x L*Cf) and the g_logit rows follow; the kernel
     /// places them from L at run time and `fixed` / `per_lg` count them.
@@ -74,7 +77,9 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     let (a_rows, a_pitch, b_pitch) = match pipe {
         _ if x3 => (bm, bk.saturating_add(8), bn.saturating_add(4)),
         Pipe::Regs => (bk, bm.saturating_add(apad), bn),
-        Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma => (bm, bk.saturating_add(apad), bn),
+        Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma | Pipe::SplitWgmma => {
+            (bm, bk.saturating_add(apad), bn)
+        }
     };
     let c_pitch = bn.saturating_add(apad);
     let gemm = matches!(g, Geometry::Gemm { .. });
@@ -99,6 +104,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         glog_slot: None,
         glog_rows: None,
         per_lg: 0,
+        b_split: None,
         panel: None,
     };
     if pipe == Pipe::Ws {
@@ -108,14 +114,19 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     // being read by the GEMM's threads while the producers fill the other:
     // s slot j at s_rows + j * rows * Cf values, sig slot j at per-LG slot
     // sig_slot + j.
-    let sets = if pipe == Pipe::Split { 2 } else { 1 };
+    let sets = if matches!(pipe, Pipe::Split | Pipe::SplitWgmma) { 2 } else { 1 };
     for b in bufs {
         match b {
             // A ring of `stages` chunks: the next ones load while one computes.
             SmemBuf::ATile => l.a_tile = place(prod(&[stages, a_rows, a_pitch, sz])),
             // pipe wgmma: B is a panel of the whole K (below), not a ring.
             SmemBuf::BTile if pipe == Pipe::Wgmma => {}
-            SmemBuf::BTile => l.b_tile = place(prod(&[stages, bk, b_pitch, sz])),
+            SmemBuf::BTile => {
+                l.b_tile = place(prod(&[stages, bk, b_pitch, sz]));
+                if pipe == Pipe::SplitWgmma {
+                    l.b_split = place(prod(&[4, bk, bn]));
+                }
+            }
             SmemBuf::SRows => l.s_rows = place(prod(&[sets, rows, cf, sz])),
             SmemBuf::GzsRows => l.gzs_rows = place(prod(&[rows, cf, sz])),
             _ => {}
@@ -125,7 +136,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     if gemm {
         l.c_tile = Some(0);
         // The streaming pipes' epilogue leaves from registers: no C tile.
-        if !matches!(pipe, Pipe::Stream | Pipe::Split | Pipe::Wgmma) {
+        if !matches!(pipe, Pipe::Stream | Pipe::Split | Pipe::Wgmma | Pipe::SplitWgmma) {
             l.fixed = l.fixed.max(align16(prod(&[bm, c_pitch, sz])));
         }
     }

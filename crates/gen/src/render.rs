@@ -188,6 +188,10 @@ impl Renderer {
         if let Some((p, c)) = inst.geometry.setmaxnreg() {
             consts.extend([("producer_regs", p.into()), ("consumer_regs", c.into())]);
         }
+        // The split B chunk of pipe split_wgmma, likewise only where it is.
+        if let Some(b) = l.b_split {
+            consts.push(("b_split", b.into()));
+        }
         let mut ctx = tera::Context::new();
         ctx.insert("name", &inst.name);
         ctx.insert("stage", inst.stage.as_str());

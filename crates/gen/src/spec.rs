@@ -748,20 +748,22 @@ impl Specs {
                 }
                 let stages_ok = match t.pipe {
                     Pipe::Regs => (1..=2).contains(&t.stages),
-                    Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma => (2..=4).contains(&t.stages),
+                    Pipe::Async | Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma | Pipe::SplitWgmma => {
+                        (2..=4).contains(&t.stages)
+                    }
                 };
                 if !stages_ok {
                     return Err(self.invalid(
                         "tiles.yaml",
                         field("stages"),
-                        "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream, ws, split or wgmma",
+                        "1 or 2 with pipe: regs, 2 to 4 with pipe: async, stream, ws, split, wgmma or split_wgmma",
                     ));
                 }
-                if t.pipe == Pipe::Wgmma && t.precision != Precision::Fp16x3 {
+                if t.pipe.wgmma() && t.precision != Precision::Fp16x3 {
                     return Err(self.invalid(
                         "tiles.yaml",
                         field("pipe"),
-                        "pipe wgmma runs the fp16x3 core (gemm_wg): precision fp16x3",
+                        "pipe wgmma and split_wgmma run the fp16x3 products: precision fp16x3",
                     ));
                 }
                 if t.precision == Precision::Fp16x3 {
@@ -893,16 +895,20 @@ impl Specs {
 
     /// What the fp16x3 core (templates/core.cuh: x3::chunk) is written for:
     /// f32 operands, a persistent cp.async ring (pipe: stream; the fused
-    /// backward's split walk too; pipe: wgmma, gemm_wg, its own shape), one warp
-    /// per 32 x 32 output tile (tm 8 x tn 4 outputs per thread) and whole
-    /// m16n8k16 steps per K chunk.
+    /// backward's split walk too; pipe: wgmma, gemm_wg, and split_wgmma, the
+    /// split walk on wgmma: each their own shape), one warp per 32 x 32
+    /// output tile (tm 8 x tn 4 outputs per thread) and whole m16n8k16 steps
+    /// per K chunk.
     fn fp16x3_tile(&self, field: &dyn Fn(&str) -> String, t: &GemmTileSpec) -> Result<(), SpecError> {
         let bad = |f: &str, m: &str| Err(self.invalid("tiles.yaml", field(f), format!("precision fp16x3: {m}")));
         if t.dtypes != [Dtype::F32] {
             return bad("dtypes", "the compensated products take f32 operands: dtypes [f32]");
         }
-        if !matches!(t.pipe, Pipe::Stream | Pipe::Split | Pipe::Wgmma) {
-            return bad("pipe", "the core runs on the persistent ring: pipe stream (or split, fused; or wgmma)");
+        if !matches!(t.pipe, Pipe::Stream | Pipe::Split | Pipe::Wgmma | Pipe::SplitWgmma) {
+            return bad(
+                "pipe",
+                "the core runs on the persistent ring: pipe stream (or split, fused; or wgmma, split_wgmma)",
+            );
         }
         if t.pipe == Pipe::Wgmma {
             // gemm_wg: two warpgroups of 64 rows, one m64n64k16 product per
@@ -913,9 +919,18 @@ impl Specs {
             if t.bn != 64 {
                 return bad("bn", "pipe wgmma: bn 64 (m64n64k16)");
             }
-            if t.archs.as_deref() != Some(&[Arch::Sm90][..]) {
-                return bad("archs", "pipe wgmma uses Hopper's warpgroup MMA: archs [sm_90]");
+        }
+        if t.pipe == Pipe::SplitWgmma {
+            // gemm_rowblock's consumers as one warpgroup: m64n64k16 products.
+            if t.block_m != 64 {
+                return bad("block_m", "pipe split_wgmma: block_m 64 (one consumer warpgroup of 64 rows)");
             }
+            if t.bn != 64 {
+                return bad("bn", "pipe split_wgmma: bn 64 (m64n64k16)");
+            }
+        }
+        if t.pipe.wgmma() && t.archs.as_deref() != Some(&[Arch::Sm90][..]) {
+            return bad("archs", "pipe wgmma and split_wgmma use Hopper's warpgroup MMA: archs [sm_90]");
         }
         for (f, v, want) in [("tm", t.tm, 8), ("tn", t.tn, 4)] {
             if v != want {

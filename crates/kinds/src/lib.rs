@@ -229,6 +229,12 @@ pub enum Pipe {
     /// its own cp.async ring of A chunks, the block's column tile of B split
     /// once into a shared-memory panel (templates/core.cuh: gemm_wg).
     Wgmma,
+    /// `Split`'s walk with the fp16x3 products on Hopper's warpgroup MMA
+    /// (the fused backward only, sm_90a): the consumers are one warpgroup
+    /// of 64 rows; each B chunk is split into fp16 halves in shared memory
+    /// by the threads that copied it (templates/core.cuh: gemm_rowblock).
+    #[serde(rename = "split_wgmma")]
+    SplitWgmma,
 }
 
 /// Producer threads of a `pipe: ws` or `pipe: split` block (four warps: one
@@ -247,17 +253,23 @@ impl Pipe {
             Pipe::Ws => "pw",
             Pipe::Split => "px",
             Pipe::Wgmma => "pg",
+            Pipe::SplitWgmma => "pxg",
         }
     }
     /// Whether blocks are persistent and walk many tiles (launched with at
-    /// most the resident blocks). The fused backward needs stream, ws or
-    /// split; wgmma serves the relay's GEMMs only (expand.rs prunes the rest).
+    /// most the resident blocks). The fused backward needs stream, ws,
+    /// split or split_wgmma; wgmma serves the relay's GEMMs only (expand.rs
+    /// prunes the rest).
     pub fn persistent(self) -> bool {
-        matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma)
+        matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma | Pipe::SplitWgmma)
     }
     /// Whether the block has producer threads besides the GEMM's.
     pub fn has_producers(self) -> bool {
-        matches!(self, Pipe::Ws | Pipe::Split)
+        matches!(self, Pipe::Ws | Pipe::Split | Pipe::SplitWgmma)
+    }
+    /// Whether the block products run on Hopper's warpgroup MMA (sm_90a).
+    pub fn wgmma(self) -> bool {
+        matches!(self, Pipe::Wgmma | Pipe::SplitWgmma)
     }
     /// The value of the kernels' PIPE template argument.
     pub fn code(self) -> u32 {
@@ -268,6 +280,7 @@ impl Pipe {
             Pipe::Ws => 3,
             Pipe::Split => 4,
             Pipe::Wgmma => 5,
+            Pipe::SplitWgmma => 6,
         }
     }
 }
@@ -432,7 +445,7 @@ impl Geometry {
     /// (sm_90a: `setmaxnreg`, `wgmma`): its code runs on that compute capability
     /// only, never on a later one through the driver's JIT.
     pub fn arch_specific(&self) -> bool {
-        self.setmaxnreg().is_some() || matches!(self, Geometry::Gemm { pipe: Pipe::Wgmma, .. })
+        self.setmaxnreg().is_some() || self.pipe().is_some_and(Pipe::wgmma)
     }
     /// The tile part of the canonical name.
     pub fn tag(&self) -> String {
