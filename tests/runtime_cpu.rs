@@ -1179,11 +1179,12 @@ fn builtin_table_builds_every_target_arch() {
 /// override naming one is refused, saying why.
 #[test]
 fn fp16x3_entries_are_never_dispatched_in_the_exact_mode() {
-    let x3: Vec<&KernelEntry> = table::KERNELS.iter().filter(|e| e.geometry.precision() == Precision::Fp16x3).collect();
-    assert!(!x3.is_empty(), "the build has fp16x3 instances");
+    // accepted ones (a rejected one is refused for its spills), so that
+    // only the precision rule can keep them out below
+    let x3: Vec<&KernelEntry> =
+        table::KERNELS.iter().filter(|e| e.geometry.precision() == Precision::Fp16x3 && e.accepted).collect();
+    assert!(!x3.is_empty(), "the build has accepted fp16x3 instances");
     for e in x3 {
-        // accepted, so that only the precision rule can keep it out below
-        assert!(e.accepted, "{}", e.name);
         let d = Dispatch::builtin().with_arch(e.arch);
         assert!(d.candidates(e.stage, e.dtype, e.cf).iter().all(|c| c.geometry.precision() == Precision::Exact));
         let tiles = TileOverride::new().with(e.stage, e.name);

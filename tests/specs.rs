@@ -329,7 +329,7 @@ fn narrowing_keeps_matching_names_only() {
 }
 
 #[test]
-fn fused_instances_stream_ws_or_split_with_block_k_dividing_cf() {
+fn fused_instances_walk_row_blocks_with_block_k_dividing_cf() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
     let exp = expand(&s, None).unwrap();
     let fused: Vec<_> = exp.instances.iter().filter(|i| i.stage == Stage::BwdFused).collect();
@@ -338,7 +338,7 @@ fn fused_instances_stream_ws_or_split_with_block_k_dividing_cf() {
         match i.geometry {
             Geometry::Gemm { block_k, pipe, .. } => {
                 assert!(i.cf % block_k == 0, "{}", i.name);
-                assert!(matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split), "{}", i.name);
+                assert!(matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::SplitWgmma), "{}", i.name);
             }
             _ => panic!("{} is not a GEMM", i.name),
         }
@@ -678,7 +678,7 @@ fn fused_fp16x3_tiles_share_the_relays_chunk_width() {
         let fused = line.replace("cf: [32, 64, 96, 128]", "cf: [32, 64]").replacen("pipe: stream", "pipe: ws", 1);
         t.replacen("  fused:\n", &format!("  fused:\n{fused}\n"), 1)
     });
-    assert!(load_err(&dir).contains("pipe stream (or split, fused; or wgmma)"));
+    assert!(load_err(&dir).contains("pipe stream (or split, fused; or wgmma, split_wgmma)"));
 }
 
 fn regs_line(t: &str) -> String {
@@ -742,12 +742,76 @@ fn register_moves_are_named_split_and_built_for_sm_90a() {
     // every other instance keeps its name, its target and its file (pipe
     // wgmma's are sm_90a too: wgmma_tiles_are_built_for_sm_90a)
     for i in exp.instances.iter().filter(|i| i.geometry.setmaxnreg().is_none()) {
-        let wgmma = i.geometry.pipe() == Some(Pipe::Wgmma);
+        let wgmma = i.geometry.pipe().is_some_and(Pipe::wgmma);
         assert!(i.geometry.arch_specific() == wgmma && !i.geometry.tag().contains("_r"), "{}", i.name);
         let src = r.instance(i).unwrap();
         assert!(!src.contains("_regs ="), "{}", i.name);
     }
     assert_eq!(Arch::Sm90.target(false), "sm_90");
+}
+
+/// The committed snapshot's PTX of a wgmma instance the pipeline accepted
+/// (generated-tests/report.json): sm_90a, with wgmma in it. One it rejected
+/// for spills has no PTX there.
+fn assert_wgmma_ptx(name: &str) {
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(crate_dir().join("generated-tests/report.json")).unwrap()).unwrap();
+    let row = report["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name && r["arch"] == "sm_90")
+        .unwrap_or_else(|| panic!("{name} is not in the snapshot's report"));
+    let ptx = crate_dir().join(format!("generated-tests/ptx/sm_90/{name}.ptx"));
+    if row["accepted"] == true {
+        let ptx = std::fs::read_to_string(&ptx).unwrap_or_else(|e| panic!("{}: {e}", ptx.display()));
+        assert!(ptx.contains(".target sm_90a") && ptx.contains("wgmma.mma_async"), "{name}");
+    } else {
+        assert!(row["spill_stores"].as_u64().unwrap() > 0 && !ptx.exists(), "{name}: rejected, but not for spills");
+    }
+}
+
+#[test]
+fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
+    use mixstack::kinds::Precision;
+    let s = spec::load(&crate_dir().join("specs")).unwrap();
+    let exp = expand(&s, None).unwrap();
+    let r = Renderer::new(&crate_dir().join("templates")).unwrap();
+    let wg: Vec<_> = exp.instances.iter().filter(|i| i.geometry.pipe() == Some(Pipe::SplitWgmma)).collect();
+    assert!(!wg.is_empty(), "pipe split_wgmma instances are built");
+    for i in &wg {
+        assert!(i.name.contains("_pxg_x3") && i.stage == Stage::BwdFused, "{}", i.name);
+        assert_eq!(i.geometry.precision(), Precision::Fp16x3, "{}", i.name);
+        // 128 producers and one consumer warpgroup
+        assert_eq!((i.geometry.threads(), i.archs.as_slice()), (256, &[Arch::Sm90][..]), "{}", i.name);
+        assert_eq!(Arch::Sm90.target(i.geometry.arch_specific()), "sm_90a");
+        // the split B chunk (4 * BK * BN bytes: head and tail halves) after the B ring
+        let b = i.layout.b_split.expect("a b_split buffer");
+        assert!(b >= i.layout.b_tile.unwrap() && b + 4 * 32 * 64 <= i.layout.fixed, "{}", i.name);
+        assert!(r.instance(i).unwrap().contains(&format!("b_split = {b};")), "{}", i.name);
+        assert_wgmma_ptx(&i.name);
+    }
+    // no other instance has one, and its file does not name it
+    for i in exp.instances.iter().filter(|i| i.geometry.pipe() != Some(Pipe::SplitWgmma)) {
+        assert!(i.layout.b_split.is_none() && !r.instance(i).unwrap().contains("b_split"), "{}", i.name);
+    }
+    // Refused outside what gemm_rowblock's wgmma consumers are written for.
+    let line = "block_m: 64, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 3, min_blocks: 1, pipe: split_wgmma";
+    for (to, want) in [
+        (line.replace("block_m: 64", "block_m: 128"), "block_m 64"),
+        (line.replace("bn: 64", "bn: 128").replace("tn: 4", "tn: 8"), "bn 64"),
+    ] {
+        let e = load_err(&specs_with("tiles.yaml", |t| t.replacen(line, &to, 1)));
+        assert!(e.contains(want) && e.contains("tiles.yaml:"), "{to}: {e}");
+    }
+    let full = "pipe: split_wgmma, precision: fp16x3, archs: [sm_90]";
+    for (to, want) in [
+        ("pipe: split_wgmma, precision: fp16x3", "archs [sm_90]"),
+        ("pipe: split_wgmma, archs: [sm_90]", "run the fp16x3 products"),
+    ] {
+        let e = load_err(&specs_with("tiles.yaml", |t| t.replacen(full, to, 1)));
+        assert!(e.contains(want) && e.contains("tiles.yaml:"), "{to}: {e}");
+    }
 }
 
 #[test]
@@ -764,9 +828,7 @@ fn wgmma_tiles_are_built_for_sm_90a() {
         assert_eq!(Arch::Sm90.target(i.geometry.arch_specific()), "sm_90a");
         // the B panel: 8 * BN bytes per gate column, after the A rings
         assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * 64), "{}", i.name);
-        let ptx = crate_dir().join(format!("generated-tests/ptx/sm_90/{}.ptx", i.name));
-        let ptx = std::fs::read_to_string(&ptx).unwrap_or_else(|e| panic!("{}: {e}", ptx.display()));
-        assert!(ptx.contains(".target sm_90a") && ptx.contains("wgmma.mma_async"), "{}", i.name);
+        assert_wgmma_ptx(&i.name);
     }
     // Refused outside what gemm_wg is written for, naming the field.
     for (from, to, want) in [
@@ -781,7 +843,7 @@ fn wgmma_tiles_are_built_for_sm_90a() {
             "bn 64",
         ),
         ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, precision: fp16x3", "archs [sm_90]"),
-        ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, archs: [sm_90]", "runs the fp16x3 core"),
+        ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, archs: [sm_90]", "run the fp16x3 products"),
     ] {
         let e = load_err(&specs_with("tiles.yaml", |t| t.replacen(from, to, 1)));
         assert!(e.contains(want) && e.contains("tiles.yaml:"), "{to}: {e}");
