@@ -1144,8 +1144,8 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
   static_assert(P % 32 == 0 && THREADS % 32 == 0, "whole warps on each side");
-  static_assert(!WG || (PREC == 1 && P > 0 && THREADS == 128 && BM == 64 && BN == 64),
-                "split_wgmma: fp16x3, producers, one consumer warpgroup of 64 x 64 (checked by the spec)");
+  static_assert(!WG || (PREC == 1 && P > 0 && BM % 64 == 0 && THREADS == 2 * BM && BN == 64),
+                "split_wgmma: fp16x3, producers, a consumer warpgroup per 64 x 64 (checked by the spec)");
   const i64 nrb = (E + BM - 1) / BM;
   if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
   // This block's row blocks: blockIdx.x, blockIdx.x + gridDim.x, ...

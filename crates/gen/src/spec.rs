@@ -922,8 +922,8 @@ impl Specs {
         }
         if t.pipe == Pipe::SplitWgmma {
             // gemm_rowblock's consumers as one warpgroup: m64n64k16 products.
-            if t.block_m != 64 {
-                return bad("block_m", "pipe split_wgmma: block_m 64 (one consumer warpgroup of 64 rows)");
+            if t.block_m != 64 && t.block_m != 128 {
+                return bad("block_m", "pipe split_wgmma: block_m 64 or 128 (a consumer warpgroup per 64 rows)");
             }
             if t.bn != 64 {
                 return bad("bn", "pipe split_wgmma: bn 64 (m64n64k16)");
