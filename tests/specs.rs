@@ -755,7 +755,8 @@ fn register_moves_are_named_split_and_built_for_sm_90a() {
 /// for spills has no PTX there.
 fn assert_wgmma_ptx(name: &str) {
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(crate_dir().join("generated-tests/report.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(crate_dir().join("generated-tests/report.json")).unwrap())
+            .unwrap();
     let row = report["instances"]
         .as_array()
         .unwrap()
