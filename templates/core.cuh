@@ -969,6 +969,12 @@ __device__ __forceinline__ void mma_n64(float (&d)[32], const unsigned (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 #endif
+// Where B's (n, k) half sits among no-swizzle K-major core matrices of a
+// K-deep operand: 8 x 8 halves of 128 bytes, k-neighbours 128 bytes apart,
+// n-neighbours K / 8 x 128 (the descriptors' lbo and sbo below).
+__device__ __forceinline__ int at(int n, int k, int K) { return ((n / 8) * (K / 8) + k / 8) * 64 + (n % 8) * 8 + k % 8; }
+template <int K>
+__device__ __forceinline__ int at(int n, int k) { return at(n, k, K); }
 // A no-swizzle shared-memory matrix descriptor: start, leading and stride
 // byte offsets.
 __device__ __forceinline__ unsigned long long desc(const void* smem, unsigned lbo, unsigned sbo) {
@@ -1048,7 +1054,9 @@ __device__ __forceinline__ void chunk(float (&acc)[BN / 2], const float* As, con
 // output element still accumulates k ascending from zero (chunk by chunk,
 // mma_stream), then epi. PREC 1 (fp16x3): the same walk at the layout's fp16x3 pitches,
 // each chunk through x3::chunk (gemm_x3's core, so the same products and
-// folds per output element as the relay's fp16x3 GEMM), stored by x3::store.
+// folds per output element as the relay's fp16x3 GEMM), stored by x3::store;
+// with WG (pipe: split_wgmma) through wg::chunk per warpgroup of 64 rows
+// (gemm_wg's core, the same bits), stored by x3::store_frag.
 
 // Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
 // order this thread's earlier shared-memory accesses before the barrier
@@ -1144,8 +1152,8 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
   static_assert(P % 32 == 0 && THREADS % 32 == 0, "whole warps on each side");
-  static_assert(!WG || (PREC == 1 && P > 0 && BM % 64 == 0 && THREADS == 2 * BM && BN == 64),
-                "split_wgmma: fp16x3, producers, a consumer warpgroup per 64 x 64 (checked by the spec)");
+  static_assert(!WG || (PREC == 1 && P % 128 == 0 && P > 0 && BM % 64 == 0 && THREADS == 2 * BM && BN == 64),
+                "split_wgmma: fp16x3, whole producer warpgroups, a consumer warpgroup per 64 x 64 (checked by the spec)");
   const i64 nrb = (E + BM - 1) / BM;
   if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
   // This block's row blocks: blockIdx.x, blockIdx.x + gridDim.x, ...
@@ -1273,15 +1281,19 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       form_own();
       if constexpr (WG) {
         // The B chunk into wgmma's fp16 core matrices, each piece by the
-        // thread that copied it (chunk q - 1's products have completed: its
-        // wait); the barrier below publishes them to the async proxy.
-        unsigned short* bx = smem_at<unsigned short>(S::b_split);
+        // thread that copied it; the barrier below publishes them to the
+        // async proxy. Two buffers, by chunk parity: another warpgroup's
+        // products of chunk q - 1 may still read the other one, and chunk
+        // q - 2's all completed before that warpgroup reached chunk q - 1's
+        // barrier (its wait is in wg::chunk).
+        static_assert(S::b_split + 8 * BK * BN <= S::fixed, "two chunks' halves (layout.rs)");
+        unsigned short* bx = smem_at<unsigned short>(S::b_split) + (int)(q & 1) * 2 * BK * BN;
         const T* bs = Bs + cst * B_STAGE;
         copy_b.each([&](int, int k, int n0) {
 #pragma unroll
           for (int w = 0; w < W; ++w) {
-            const int n = n0 + w, at = ((n / 8) * (BK / 8) + k / 8) * 64 + (n % 8) * 8 + k % 8;
-            x3::split1(bs[k * BP + n], bx[at], bx[BK * BN + at]);
+            const int at = wg::at<BK>(n0 + w, k);
+            x3::split1(bs[k * BP + n0 + w], bx[at], bx[BK * BN + at]);
           }
         });
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -1309,7 +1321,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       const int live = TN > W ? (cw.s ? seg1.N : seg0.N) - cw.ct * BN : BN;
       mma_stream<T, BM, BN, BK, TM, TN, BP>(acc, as, AK, Bs + cst * B_STAGE, ty, tx, live);
     } else if constexpr (WG) {
-      const unsigned short* bx = smem_at<unsigned short>(S::b_split);
+      const unsigned short* bx = smem_at<unsigned short>(S::b_split) + (int)(q & 1) * 2 * BK * BN;
       wg::chunk<BK, AK, BN>(accw, as, bx, bx + BK * BN, (BK / 8) * 128, tid / 32, lane);
     } else {
       x3::chunk<BK, AK, BP>(acc3, as, Bs + cst * B_STAGE, wm, wn, lane);
@@ -1348,7 +1360,6 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
 // per-row work runs beside the FFMA loop, not between its barriers. Each
 // output element still accumulates k ascending from zero (mma_stream), then
 // epi.
-
 
 template <typename T, int BM, int BN, int BK, int TM, int TN, int STAGES, int P, typename S, typename AOp,
           typename Epi>
@@ -1544,7 +1555,7 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
       const bool ok = n0 + n < N;
       unsigned h, l;
       x3::split2(ok ? B[(i64)k * N + n0 + n] : 0.f, ok ? B[(i64)(k + 1) * N + n0 + n] : 0.f, h, l);
-      const int w = (((n / 8) * (K / 8) + k / 8) * 64 + (n % 8) * 8 + k % 8) / 2;
+      const int w = wg::at(n, k, K) / 2;
       hw[w] = h;
       tw[w] = l;
     }

@@ -619,7 +619,7 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
   static_assert(PIPE == 2 || PIPE == 3 || PIPE == 4 || PIPE == 6,
                 "the fused backward streams (pipe: stream, ws, split or split_wgmma)");
   static_assert(CF % BK == 0, "a K chunk lies in one subtile");
-  static_assert(PREC == 0 || PIPE != 3, "fp16x3 fused tiles walk rows (pipe: stream or split), not the ws panel");
+  static_assert(PREC == 0 || PIPE != 3, "fp16x3 fused tiles walk rows (pipe: stream, split or split_wgmma), not the ws panel");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;

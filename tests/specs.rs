@@ -787,9 +787,9 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
         let threads = 128 + 2 * i.geometry.rows();
         assert_eq!((i.geometry.threads(), i.archs.as_slice()), (threads, &[Arch::Sm90][..]), "{}", i.name);
         assert_eq!(Arch::Sm90.target(i.geometry.arch_specific()), "sm_90a");
-        // the split B chunk (4 * BK * BN bytes: head and tail halves) after the B ring
+        // two split B chunks (4 * BK * BN bytes each: head and tail halves) after the B ring
         let b = i.layout.b_split.expect("a b_split buffer");
-        assert!(b >= i.layout.b_tile.unwrap() && b + 4 * 32 * 64 <= i.layout.fixed, "{}", i.name);
+        assert!(b >= i.layout.b_tile.unwrap() && b + 2 * 4 * 32 * 64 <= i.layout.fixed, "{}", i.name);
         assert!(r.instance(i).unwrap().contains(&format!("b_split = {b};")), "{}", i.name);
         assert_wgmma_ptx(&i.name);
     }
@@ -799,6 +799,17 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
     }
     // Refused outside what gemm_rowblock's wgmma consumers are written for.
     let line = "block_m: 64, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 3, min_blocks: 1, pipe: split_wgmma";
+    // In the relay's GEMM set it loads, and expand prunes it there, saying why.
+    let dir = specs_with("tiles.yaml", |t| {
+        let tile = format!("    - {{dtypes: [f32], cf: [32], {line}, precision: fp16x3, archs: [sm_90]}}\n");
+        t.replacen("  relay_gemm:\n", &format!("  relay_gemm:\n{tile}"), 1)
+    });
+    let pruned = expand(&spec::load(&dir).unwrap(), None).unwrap().pruned;
+    let why = pruned.iter().find(|p| p.name.starts_with("ms_bwd_gemm_") && p.name.contains("_pxg_x3"));
+    assert!(
+        why.is_some_and(|p| p.reason.contains("split and split_wgmma serve the fused backward only")),
+        "{pruned:?}"
+    );
     for (to, want) in [
         (line.replace("block_m: 64", "block_m: 96"), "block_m 64 or 128"),
         (line.replace("bn: 64", "bn: 128").replace("tn: 4", "tn: 8"), "bn 64"),

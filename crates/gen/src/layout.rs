@@ -41,7 +41,7 @@ pub struct Layout {
     pub glog_rows: Option<u32>,
     /// Bytes per gate column: launch with `fixed + per_lg * L*Cf`.
     pub per_lg: u32,
-    /// `pipe: split_wgmma`: byte offset of the B chunk split into fp16 head
+    /// `pipe: split_wgmma`: byte offset of two B chunks split into fp16 head
     /// and tail halves (BK x BN each, wgmma's core matrices), in `fixed`.
     pub b_split: Option<u32>,
     /// `pipe: ws`: byte offset of the A panel (BLOCK_M rows of ROW + pad),
@@ -124,7 +124,8 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
             SmemBuf::BTile => {
                 l.b_tile = place(prod(&[stages, bk, b_pitch, sz]));
                 if pipe == Pipe::SplitWgmma {
-                    l.b_split = place(prod(&[4, bk, bn]));
+                    // two chunks' head and tail halves (by chunk parity)
+                    l.b_split = place(prod(&[2, 4, bk, bn]));
                 }
             }
             SmemBuf::SRows => l.s_rows = place(prod(&[sets, rows, cf, sz])),

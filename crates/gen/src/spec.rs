@@ -921,7 +921,7 @@ impl Specs {
             }
         }
         if t.pipe == Pipe::SplitWgmma {
-            // gemm_rowblock's consumers as one warpgroup: m64n64k16 products.
+            // gemm_rowblock's consumers as warpgroups of 64 rows: m64n64k16 products.
             if t.block_m != 64 && t.block_m != 128 {
                 return bad("block_m", "pipe split_wgmma: block_m 64 or 128 (a consumer warpgroup per 64 rows)");
             }

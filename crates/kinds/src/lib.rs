@@ -230,14 +230,14 @@ pub enum Pipe {
     /// once into a shared-memory panel (templates/core.cuh: gemm_wg).
     Wgmma,
     /// `Split`'s walk with the fp16x3 products on Hopper's warpgroup MMA
-    /// (the fused backward only, sm_90a): the consumers are one warpgroup
-    /// of 64 rows; each B chunk is split into fp16 halves in shared memory
-    /// by the threads that copied it (templates/core.cuh: gemm_rowblock).
+    /// (the fused backward only, sm_90a): a consumer warpgroup per 64 rows;
+    /// each B chunk is split into fp16 halves in shared memory by the
+    /// threads that copied it (templates/core.cuh: gemm_rowblock).
     #[serde(rename = "split_wgmma")]
     SplitWgmma,
 }
 
-/// Producer threads of a `pipe: ws` or `pipe: split` block (four warps: one
+/// Producer threads of a `pipe: ws`, `split` or `split_wgmma` block (four warps: one
 /// per scheduler; one warpgroup, as `setmaxnreg` needs).
 pub const WS_PRODUCER_THREADS: u32 = 128;
 
@@ -426,8 +426,8 @@ impl Geometry {
         (per_thread.min(255) as u32) / 8 * 8
     }
     /// `setmaxnreg`'s two counts, (producers, consumers), where the tile
-    /// sets `regs` (pipe: split, the only walk with a producer warpgroup
-    /// to take them from): the consumers take `regs` each and the producers keep
+    /// sets `regs` (pipe: split, the only walk whose producer warpgroup
+    /// gives registers away): the consumers take `regs` each and the producers keep
     /// the rest of the block's registers ([`Geometry::launch_regs`] per
     /// thread), in whole 8-register steps. `None`: ptxas allocates alone.
     pub fn setmaxnreg(&self) -> Option<(u32, u32)> {
