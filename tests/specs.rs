@@ -772,14 +772,29 @@ fn assert_wgmma_ptx(name: &str) {
     }
 }
 
+/// tiles.yaml with its split_wgmma tiles, which it keeps as comments (not
+/// built: their kernel has not run since its last change), written back in.
+fn with_split_wgmma(t: &str) -> String {
+    let line = |l: &str| match l.trim_start().starts_with("#   {") && l.contains("pipe: split_wgmma") {
+        true => l.replacen("#   {", "- {", 1),
+        false => l.to_string(),
+    };
+    t.lines().map(line).collect::<Vec<_>>().join("\n") + "\n"
+}
+
 #[test]
 fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
     use mixstack::kinds::Precision;
-    let s = spec::load(&crate_dir().join("specs")).unwrap();
-    let exp = expand(&s, None).unwrap();
     let r = Renderer::new(&crate_dir().join("templates")).unwrap();
+    // the shipped specs build none, and no instance has a b_split buffer
+    let shipped = expand(&spec::load(&crate_dir().join("specs")).unwrap(), None).unwrap();
+    for i in &shipped.instances {
+        assert!(i.geometry.pipe() != Some(Pipe::SplitWgmma), "{}", i.name);
+        assert!(i.layout.b_split.is_none() && !r.instance(i).unwrap().contains("b_split"), "{}", i.name);
+    }
+    let exp = expand(&spec::load(&specs_with("tiles.yaml", with_split_wgmma)).unwrap(), None).unwrap();
     let wg: Vec<_> = exp.instances.iter().filter(|i| i.geometry.pipe() == Some(Pipe::SplitWgmma)).collect();
-    assert!(!wg.is_empty(), "pipe split_wgmma instances are built");
+    assert!(wg.len() >= 2, "tiles.yaml keeps the split_wgmma tiles as comments");
     for i in &wg {
         assert!(i.name.contains("_pxg_x3") && i.stage == Stage::BwdFused, "{}", i.name);
         assert_eq!(i.geometry.precision(), Precision::Fp16x3, "{}", i.name);
@@ -791,11 +806,6 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
         let b = i.layout.b_split.expect("a b_split buffer");
         assert!(b >= i.layout.b_tile.unwrap() && b + 2 * 4 * 32 * 64 <= i.layout.fixed, "{}", i.name);
         assert!(r.instance(i).unwrap().contains(&format!("b_split = {b};")), "{}", i.name);
-        assert_wgmma_ptx(&i.name);
-    }
-    // no other instance has one, and its file does not name it
-    for i in exp.instances.iter().filter(|i| i.geometry.pipe() != Some(Pipe::SplitWgmma)) {
-        assert!(i.layout.b_split.is_none() && !r.instance(i).unwrap().contains("b_split"), "{}", i.name);
     }
     // Refused outside what gemm_rowblock's wgmma consumers are written for.
     let line = "block_m: 64, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 3, min_blocks: 1, pipe: split_wgmma";
@@ -814,7 +824,7 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
         (line.replace("block_m: 64", "block_m: 96"), "block_m 64 or 128"),
         (line.replace("bn: 64", "bn: 128").replace("tn: 4", "tn: 8"), "bn 64"),
     ] {
-        let e = load_err(&specs_with("tiles.yaml", |t| t.replacen(line, &to, 1)));
+        let e = load_err(&specs_with("tiles.yaml", |t| with_split_wgmma(t).replacen(line, &to, 1)));
         assert!(e.contains(want) && e.contains("tiles.yaml:"), "{to}: {e}");
     }
     let full = "pipe: split_wgmma, precision: fp16x3, archs: [sm_90]";
@@ -822,7 +832,7 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
         ("pipe: split_wgmma, precision: fp16x3", "archs [sm_90]"),
         ("pipe: split_wgmma, archs: [sm_90]", "run the fp16x3 products"),
     ] {
-        let e = load_err(&specs_with("tiles.yaml", |t| t.replacen(full, to, 1)));
+        let e = load_err(&specs_with("tiles.yaml", |t| with_split_wgmma(t).replacen(full, to, 1)));
         assert!(e.contains(want) && e.contains("tiles.yaml:"), "{to}: {e}");
     }
 }
