@@ -1276,6 +1276,13 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     };
     const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
     const bool last = cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1;  // the row block's last chunk
+    // split_wgmma: this chunk's split B (head, then tail), one of two
+    // buffers by chunk parity (below)
+    [[maybe_unused]] unsigned short* bx = nullptr;
+    if constexpr (WG) {
+      static_assert(S::b_split + 8 * BK * BN <= S::fixed, "two chunks' halves (layout.rs)");
+      bx = smem_at<unsigned short>(S::b_split) + (int)(q & 1) * 2 * BK * BN;
+    }
     if constexpr (P > 0) {
       if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
       form_own();
@@ -1286,8 +1293,6 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
         // products of chunk q - 1 may still read the other one, and chunk
         // q - 2's all completed before that warpgroup reached chunk q - 1's
         // barrier (its wait is in wg::chunk).
-        static_assert(S::b_split + 8 * BK * BN <= S::fixed, "two chunks' halves (layout.rs)");
-        unsigned short* bx = smem_at<unsigned short>(S::b_split) + (int)(q & 1) * 2 * BK * BN;
         const T* bs = Bs + cst * B_STAGE;
         copy_b.each([&](int, int k, int n0) {
 #pragma unroll
@@ -1321,22 +1326,20 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       const int live = TN > W ? (cw.s ? seg1.N : seg0.N) - cw.ct * BN : BN;
       mma_stream<T, BM, BN, BK, TM, TN, BP>(acc, as, AK, Bs + cst * B_STAGE, ty, tx, live);
     } else if constexpr (WG) {
-      const unsigned short* bx = smem_at<unsigned short>(S::b_split) + (int)(q & 1) * 2 * BK * BN;
       wg::chunk<BK, AK, BN>(accw, as, bx, bx + BK * BN, (BK / 8) * 128, tid / 32, lane);
     } else {
       x3::chunk<BK, AK, BP>(acc3, as, Bs + cst * B_STAGE, wm, wn, lane);
     }
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (cw.kt == (cw.s ? kt1 : kt0) - 1) {
+      [[maybe_unused]] auto at_off = [&](i64 e, int n, const float* v) { epi(e, off + n, v); };
       if constexpr (PREC == 0) {
         store_acc_regs<T, BM, BN, TM, TN>(acc, ty, tx, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, off, epi);
       } else if constexpr (WG) {
-        auto at_off = [&](i64 e, int n, const float* v) { epi(e, off + n, v); };
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
           x3::store_frag(accw + 4 * j, e0 + tid / 32 * 16, cw.ct * BN + j * 8, lane, E, cw.s ? seg1.N : seg0.N, at_off);
       } else {
-        auto at_off = [&](i64 e, int n, const float* v) { epi(e, off + n, v); };
         x3::store(acc3, wm, wn, lane, e0, cw.ct * BN, E, cw.s ? seg1.N : seg0.N, at_off);
       }
     }
