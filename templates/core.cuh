@@ -1055,8 +1055,9 @@ __device__ __forceinline__ void chunk(float (&acc)[BN / 2], const float* As, con
 // mma_stream), then epi. PREC 1 (fp16x3): the same walk at the layout's fp16x3 pitches,
 // each chunk through x3::chunk (gemm_x3's core, so the same products and
 // folds per output element as the relay's fp16x3 GEMM), stored by x3::store;
-// with WG (pipe: split_wgmma) through wg::chunk per warpgroup of 64 rows
-// (gemm_wg's core, the same bits), stored by x3::store_frag.
+// with WG (pipe: wgmma on the stream walk, split_wgmma on the split walk)
+// through wg::chunk per warpgroup of 64 rows (gemm_wg's core, the same
+// bits), stored by x3::store_frag.
 
 // Named barriers (id 0 is __syncthreads'): sync waits, arrive goes on; both
 // order this thread's earlier shared-memory accesses before the barrier
@@ -1152,8 +1153,8 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   static_assert(STAGES >= 2, "a ring of at least two chunks");
   static_assert(TN % W == 0 && BK % W == 0 && BN % W == 0, "whole 16-byte vectors");
   static_assert(P % 32 == 0 && THREADS % 32 == 0, "whole warps on each side");
-  static_assert(!WG || (PREC == 1 && P % 128 == 0 && P > 0 && BM % 64 == 0 && THREADS == 2 * BM && BN == 64),
-                "split_wgmma: fp16x3, whole producer warpgroups, a consumer warpgroup per 64 x 64 (checked by the spec)");
+  static_assert(!WG || (PREC == 1 && P % 128 == 0 && BM % 64 == 0 && THREADS == 2 * BM && BN == 64),
+                "wgmma walks: fp16x3, whole producer warpgroups (if any), a warpgroup per 64 x 64 (checked by the spec)");
   const i64 nrb = (E + BM - 1) / BM;
   if ((i64)blockIdx.x >= nrb) return;  // whole block: no barrier is skipped
   // This block's row blocks: blockIdx.x, blockIdx.x + gridDim.x, ...
@@ -1276,23 +1277,21 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
     };
     const bool hook = cw.s == 0 && cw.ct == 0 && cw.kt == 0;
     const bool last = cw.s == 1 && cw.ct == ct1 - 1 && cw.kt == kt1 - 1;  // the row block's last chunk
-    // split_wgmma: this chunk's split B (head, then tail), one of two
+    // The wgmma walks: this chunk's split B (head, then tail), one of two
     // buffers by chunk parity (below)
     [[maybe_unused]] unsigned short* bx = nullptr;
     if constexpr (WG) {
       static_assert(S::b_split + 8 * BK * BN <= S::fixed, "two chunks' halves (layout.rs)");
       bx = smem_at<unsigned short>(S::b_split) + (int)(q & 1) * 2 * BK * BN;
     }
-    if constexpr (P > 0) {
-      if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
-      form_own();
+    // The B chunk into wgmma's fp16 core matrices, each piece by the thread
+    // that copied it; the next barrier publishes them to the async proxy.
+    // Two buffers, by chunk parity: another warpgroup's products of chunk
+    // q - 1 may still read the other one, and chunk q - 2's all completed
+    // before that warpgroup reached chunk q - 1's barrier (its wait is in
+    // wg::chunk).
+    auto split_b = [&]() {
       if constexpr (WG) {
-        // The B chunk into wgmma's fp16 core matrices, each piece by the
-        // thread that copied it; the barrier below publishes them to the
-        // async proxy. Two buffers, by chunk parity: another warpgroup's
-        // products of chunk q - 1 may still read the other one, and chunk
-        // q - 2's all completed before that warpgroup reached chunk q - 1's
-        // barrier (its wait is in wg::chunk).
         const T* bs = Bs + cst * B_STAGE;
         copy_b.each([&](int, int k, int n0) {
 #pragma unroll
@@ -1303,6 +1302,11 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
         });
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       }
+    };
+    if constexpr (P > 0) {
+      if (hook) bar_sync(WS_FULL + slot, ALL);  // the producers have formed this row block's slot
+      form_own();
+      split_b();
       sync();  // chunk q is in and formed; everyone is done with chunk q-1's slot
       // The row block's last chunk has read its slot: hand it back if the
       // producers will fill it again (row block crb + 2).
@@ -1311,6 +1315,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
       cp_async_commit();
     } else {
       if (!hook) form_own();
+      split_b();
       sync();  // chunk q is in (formed unless hooked); everyone is done with chunk q-1's slot
       if (lq < nq) load_next();
       cp_async_commit();

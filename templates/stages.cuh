@@ -607,19 +607,18 @@ struct GzPanel : RowWork<T, CF, BM, P, S> {
 
 // Fused: one gated layer, g_next = g + [gz_m0 @ W0^T | gz_m1 @ W1^T]; both
 // segments of a row block in one block. pipe: stream -> gz formed per chunk
-// from GzRows (gemm_rowblock); pipe: split -> the same, the per-row work on
-// producer warps (gemm_rowblock with P producers; split_wgmma: its fp16x3
-// products on wgmma); pipe: ws -> from the producers' panel (GzPanel,
-// gemm_ws).
+// from GzRows (gemm_rowblock; wgmma: the same walk, its fp16x3 products on
+// wgmma); pipe: split -> the same, the per-row work on producer warps
+// (gemm_rowblock with P producers; split_wgmma: its products on wgmma);
+// pipe: ws -> from the producers' panel (GzPanel, gemm_ws).
 template <typename T, int CF, int BM, int BN, int BK, int TM, int TN, int STAGES, int PIPE, int PREC, typename S>
 __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __restrict__ z,
                                           const T* __restrict__ gw, const T* __restrict__ gwt,
                                           const T* __restrict__ wt0, const T* __restrict__ wt1,
                                           T* __restrict__ g_next, i64 E, int L) {
-  static_assert(PIPE == 2 || PIPE == 3 || PIPE == 4 || PIPE == 6,
-                "the fused backward streams (pipe: stream, ws, split or split_wgmma)");
+  static_assert(PIPE >= 2 && PIPE <= 6, "the fused backward streams (pipe: stream, ws, split, wgmma or split_wgmma)");
   static_assert(CF % BK == 0, "a K chunk lies in one subtile");
-  static_assert(PREC == 0 || PIPE != 3, "fp16x3 fused tiles walk rows (pipe: stream, split or split_wgmma), not the ws panel");
+  static_assert(PREC == 0 || PIPE != 3, "fp16x3 fused tiles walk rows (pipe: stream, split, wgmma or split_wgmma), not the ws panel");
   const Dims d = dims<CF>(L);
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;
@@ -637,7 +636,7 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
     constexpr int P = PIPE == 4 || PIPE == 6 ? S::producers : 0, ROW_THREADS = P ? P : (BM / TM) * (BN / TN);
     GzRows<T, CF, BM, ROW_THREADS, S> a{
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
-    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S, P, PREC, PIPE == 6>(E, seg0, seg1, a, epi);
+    gemm_rowblock<T, BM, BN, BK, TM, TN, STAGES, S, P, PREC, PIPE == 5 || PIPE == 6>(E, seg0, seg1, a, epi);
   }
 }
 

@@ -338,7 +338,7 @@ fn fused_instances_walk_row_blocks_with_block_k_dividing_cf() {
         match i.geometry {
             Geometry::Gemm { block_k, pipe, .. } => {
                 assert!(i.cf % block_k == 0, "{}", i.name);
-                assert!(matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::SplitWgmma), "{}", i.name);
+                assert!(pipe.persistent(), "{}", i.name);
             }
             _ => panic!("{} is not a GEMM", i.name),
         }
@@ -786,11 +786,13 @@ fn with_split_wgmma(t: &str) -> String {
 fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
     use mixstack::kinds::Precision;
     let r = Renderer::new(&crate_dir().join("templates")).unwrap();
-    // the shipped specs build none, and no instance has a b_split buffer
+    // the shipped specs build none; a b_split buffer only in the fused wgmma walk
     let shipped = expand(&spec::load(&crate_dir().join("specs")).unwrap(), None).unwrap();
     for i in &shipped.instances {
         assert!(i.geometry.pipe() != Some(Pipe::SplitWgmma), "{}", i.name);
-        assert!(i.layout.b_split.is_none() && !r.instance(i).unwrap().contains("b_split"), "{}", i.name);
+        let fused_wg = i.stage == Stage::BwdFused && i.geometry.pipe() == Some(Pipe::Wgmma);
+        assert_eq!(i.layout.b_split.is_some(), fused_wg, "{}", i.name);
+        assert_eq!(r.instance(i).unwrap().contains("b_split"), fused_wg, "{}", i.name);
     }
     let exp = expand(&spec::load(&specs_with("tiles.yaml", with_split_wgmma)).unwrap(), None).unwrap();
     let wg: Vec<_> = exp.instances.iter().filter(|i| i.geometry.pipe() == Some(Pipe::SplitWgmma)).collect();
@@ -843,22 +845,38 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
     let exp = expand(&s, None).unwrap();
     let wg: Vec<_> = exp.instances.iter().filter(|i| i.geometry.pipe() == Some(Pipe::Wgmma)).collect();
-    assert!(!wg.is_empty(), "pipe wgmma instances are built");
+    assert!(wg.iter().any(|i| i.stage != Stage::BwdFused), "the relay's pipe wgmma instances are built");
+    assert!(wg.iter().any(|i| i.stage == Stage::BwdFused), "the fused pipe wgmma instances are built");
     for i in wg {
         assert!(i.name.contains("_pg_x3"), "{}", i.name);
         assert_eq!(i.geometry.precision(), Precision::Fp16x3, "{}", i.name);
-        assert_eq!((i.geometry.threads(), i.archs.as_slice()), (256, &[Arch::Sm90][..]), "{}", i.name);
+        // a warpgroup per 64 rows, no producers
+        let threads = 2 * i.geometry.rows();
+        assert_eq!((i.geometry.threads(), i.archs.as_slice()), (threads, &[Arch::Sm90][..]), "{}", i.name);
         assert_eq!(Arch::Sm90.target(i.geometry.arch_specific()), "sm_90a");
-        // the B panel: 8 * BN bytes per gate column, after the A rings
-        assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * 64), "{}", i.name);
+        if i.stage == Stage::BwdFused {
+            // the B ring, then two split B chunks (4 * BK * BN bytes each)
+            let b = i.layout.b_split.expect("a b_split buffer");
+            assert!(b >= i.layout.b_tile.unwrap() && b + 2 * 4 * 32 * 64 <= i.layout.fixed, "{}", i.name);
+        } else {
+            // gemm_wg: two warpgroups; the B panel, 8 * BN bytes per gate column, after the A rings
+            assert_eq!(i.geometry.rows(), 128, "{}", i.name);
+            assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * 64), "{}", i.name);
+        }
         assert_wgmma_ptx(&i.name);
     }
-    // Refused outside what gemm_wg is written for, naming the field.
+    // In the relay's set a block_m 64 tile loads, and expand prunes it, saying why.
+    let relay = "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma";
+    let dir = specs_with("tiles.yaml", |t| t.replacen(relay, &relay.replace("block_m: 128", "block_m: 64"), 1));
+    let pruned = expand(&spec::load(&dir).unwrap(), None).unwrap().pruned;
+    let why = pruned.iter().find(|p| p.name.starts_with("ms_fwd_m0_") && p.name.contains("_m64_n64_k32_t8x4_s4_b1_pg"));
+    assert!(why.is_some_and(|p| p.reason.contains("gemm_wg) runs two warpgroups")), "{pruned:?}");
+    // Refused outside what the wgmma walks are written for, naming the field.
     for (from, to, want) in [
         (
             "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
-            "block_m: 64, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
-            "block_m 128",
+            "block_m: 96, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
+            "block_m 64 or 128",
         ),
         (
             "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",

@@ -73,13 +73,13 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                     if !filters.iter().all(|f| name.contains(f)) {
                         continue;
                     }
-                    let lay = layout(&st.smem, dtype, cf, &geometry);
+                    let lay = layout(&st.smem, dtype, cf, &geometry, st.variant);
                     if let Some(reason) = prune_reason(st.variant, cf, &geometry) {
                         out.pruned.push(Pruned { name, reason });
                         continue;
                     }
-                    // pipe wgmma's B panel takes the per-LG region (layout.rs).
-                    let wgmma = geometry.pipe() == Some(Pipe::Wgmma);
+                    // The relay's wgmma B panel takes the per-LG region (layout.rs).
+                    let wgmma = geometry.pipe() == Some(Pipe::Wgmma) && st.variant != Variant::Fused;
                     if wgmma && st.smem.iter().any(|b| !matches!(b, SmemBuf::ATile | SmemBuf::BTile)) {
                         let reason = "pipe: wgmma's B panel takes the per-LG shared memory: a_tile and b_tile only";
                         out.pruned.push(Pruned { name, reason: reason.into() });
@@ -163,11 +163,14 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
     if let Geometry::Gemm { block_k, pipe, .. } = *g {
-        if variant == Variant::Fused && !matches!(pipe, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::SplitWgmma) {
-            return Some("the fused backward streams: it needs pipe: stream, ws, split or split_wgmma".into());
+        if variant == Variant::Fused && !pipe.persistent() {
+            return Some("the fused backward streams: it needs pipe: stream, ws, split, wgmma or split_wgmma".into());
         }
         if variant != Variant::Fused && pipe.has_producers() {
             return Some("pipe: ws, split and split_wgmma serve the fused backward only".into());
+        }
+        if variant != Variant::Fused && pipe == Pipe::Wgmma && g.rows() != 128 {
+            return Some("the relay's wgmma GEMM (gemm_wg) runs two warpgroups of 64 rows: block_m 128".into());
         }
         let sub = super::layout::GLOG_SUB_ROWS;
         if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {

@@ -3,7 +3,7 @@
 //! from the generated table. Nothing re-derives it in a template or kernel.
 
 use super::spec::SmemBuf;
-use crate::kinds::{Dtype, Geometry, Pipe};
+use crate::kinds::{Dtype, Geometry, Pipe, Variant};
 use serde::Serialize;
 
 /// Rows of a `glogit_sub` buffer at most (the kernel reads the rows it got
@@ -41,8 +41,9 @@ pub struct Layout {
     pub glog_rows: Option<u32>,
     /// Bytes per gate column: launch with `fixed + per_lg * L*Cf`.
     pub per_lg: u32,
-    /// `pipe: split_wgmma`: byte offset of two B chunks split into fp16 head
-    /// and tail halves (BK x BN each, wgmma's core matrices), in `fixed`.
+    /// The fused backward's wgmma walks (`pipe: wgmma` or `split_wgmma`):
+    /// byte offset of two B chunks split into fp16 head and tail halves
+    /// (BK x BN each, wgmma's core matrices), in `fixed`.
     pub b_split: Option<u32>,
     /// `pipe: ws`: byte offset of the A panel (BLOCK_M rows of ROW + pad),
     /// which sig (BLOCK_M x L*Cf) and the g_logit rows follow; the kernel
@@ -61,7 +62,7 @@ fn prod(xs: &[u32]) -> u32 {
     xs.iter().try_fold(1u32, |a, &x| a.checked_mul(x)).unwrap_or(u32::MAX)
 }
 
-pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
+pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry, variant: Variant) -> Layout {
     let sz = dtype.size() as u32;
     let apad = 16 / sz;
     let rows = g.rows();
@@ -115,15 +116,20 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
     // s slot j at s_rows + j * rows * Cf values, sig slot j at per-LG slot
     // sig_slot + j.
     let sets = if matches!(pipe, Pipe::Split | Pipe::SplitWgmma) { 2 } else { 1 };
+    // The relay's wgmma GEMM (gemm_wg) keeps a column tile's whole B as a
+    // panel; the fused walks (a new B chunk at every step) split each ring
+    // chunk into `b_split`.
+    let b_panel = pipe == Pipe::Wgmma && variant != Variant::Fused;
+    let b_split = pipe.wgmma() && !b_panel;
     for b in bufs {
         match b {
             // A ring of `stages` chunks: the next ones load while one computes.
             SmemBuf::ATile => l.a_tile = place(prod(&[stages, a_rows, a_pitch, sz])),
-            // pipe wgmma: B is a panel of the whole K (below), not a ring.
-            SmemBuf::BTile if pipe == Pipe::Wgmma => {}
+            // B is a panel of the whole K (below), not a ring.
+            SmemBuf::BTile if b_panel => {}
             SmemBuf::BTile => {
                 l.b_tile = place(prod(&[stages, bk, b_pitch, sz]));
-                if pipe == Pipe::SplitWgmma {
+                if b_split {
                     // two chunks' head and tail halves (by chunk parity)
                     l.b_split = place(prod(&[2, 4, bk, bn]));
                 }
@@ -157,7 +163,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry) -> Layout {
         }
     }
     l.per_lg = prod(&[slots, rows, sz]);
-    if pipe == Pipe::Wgmma && bufs.contains(&SmemBuf::BTile) {
+    if b_panel && bufs.contains(&SmemBuf::BTile) {
         // The column tile's B, K x BN as fp16 head and tail halves (gemm_wg):
         // 4 * BN bytes per K row, and K (M0 or M1) is at most 2 * L*Cf.
         l.b_tile = Some(l.fixed);

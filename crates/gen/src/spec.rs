@@ -910,23 +910,15 @@ impl Specs {
                 "the core runs on the persistent ring: pipe stream (or split, fused; or wgmma, split_wgmma)",
             );
         }
-        if t.pipe == Pipe::Wgmma {
-            // gemm_wg: two warpgroups of 64 rows, one m64n64k16 product per
-            // k16 step and column tile, Hopper only.
-            if t.block_m != 128 {
-                return bad("block_m", "pipe wgmma: block_m 128 (two warpgroups of 64 rows)");
-            }
-            if t.bn != 64 {
-                return bad("bn", "pipe wgmma: bn 64 (m64n64k16)");
-            }
-        }
-        if t.pipe == Pipe::SplitWgmma {
-            // gemm_rowblock's consumers as warpgroups of 64 rows: m64n64k16 products.
+        if t.pipe.wgmma() {
+            // A warpgroup per 64 rows, one m64n64k16 product per k16 step
+            // and column tile, Hopper only (the relay's gemm_wg takes
+            // block_m 128: expand.rs prunes the rest there).
             if t.block_m != 64 && t.block_m != 128 {
-                return bad("block_m", "pipe split_wgmma: block_m 64 or 128 (a consumer warpgroup per 64 rows)");
+                return bad("block_m", "pipe wgmma and split_wgmma: block_m 64 or 128 (a warpgroup per 64 rows)");
             }
             if t.bn != 64 {
-                return bad("bn", "pipe split_wgmma: bn 64 (m64n64k16)");
+                return bad("bn", "pipe wgmma and split_wgmma: bn 64 (m64n64k16)");
             }
         }
         if t.pipe.wgmma() && t.archs.as_deref() != Some(&[Arch::Sm90][..]) {

@@ -224,10 +224,13 @@ pub enum Pipe {
     /// buffer sets while the (BLOCK_M/TM)*(BN/TN) consumer threads run the
     /// GEMM. Launched as `Stream` is.
     Split,
-    /// `Stream`'s persistent walk for the fp16x3 relay GEMMs on Hopper's
-    /// warpgroup MMA (wgmma, sm_90a): two warpgroups of 64 rows each with
-    /// its own cp.async ring of A chunks, the block's column tile of B split
-    /// once into a shared-memory panel (templates/core.cuh: gemm_wg).
+    /// The fp16x3 products on Hopper's warpgroup MMA (wgmma, sm_90a), a
+    /// warpgroup per 64 rows. The relay's GEMMs: `Stream`'s persistent walk,
+    /// two warpgroups each with its own cp.async ring of A chunks, the
+    /// block's column tile of B split once into a shared-memory panel
+    /// (templates/core.cuh: gemm_wg). The fused backward: `Stream`'s row-block
+    /// walk, each B chunk split into fp16 halves in shared memory by the
+    /// threads that copied it (gemm_rowblock).
     Wgmma,
     /// `Split`'s walk with the fp16x3 products on Hopper's warpgroup MMA
     /// (the fused backward only, sm_90a): a consumer warpgroup per 64 rows;
@@ -257,8 +260,7 @@ impl Pipe {
         }
     }
     /// Whether blocks are persistent and walk many tiles (launched with at
-    /// most the resident blocks). The fused backward needs stream, ws,
-    /// split or split_wgmma; wgmma serves the relay's GEMMs only (expand.rs
+    /// most the resident blocks). The fused backward needs one (expand.rs
     /// prunes the rest).
     pub fn persistent(self) -> bool {
         matches!(self, Pipe::Stream | Pipe::Ws | Pipe::Split | Pipe::Wgmma | Pipe::SplitWgmma)
