@@ -452,6 +452,22 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
+// The line holding p into L1 (and L2), no wait and no register: an
+// epilogue's later load of it then hits L1.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+// An epilogue with a prefetch arm: epi(e, n, v) stores W outputs at (e, n),
+// epi(e, n) brings in what that store will load (a stage's ms::overload of
+// the two lambdas). A core that knows its tile's outputs early calls the
+// second where it can (gemm_wg: at a tile's first chunk); one that does not
+// never calls it.
+template <typename... F>
+struct overload : F... {
+  using F::operator()...;
+};
+template <typename... F>
+overload(F...) -> overload<F...>;
+template <typename Epi>
+constexpr bool has_prefetch = std::is_invocable_v<Epi&, i64, int>;
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -1585,6 +1601,20 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     bar_sync(1 + wgi, 128);  // chunk q is in for the warpgroup; slot (q - 1) % STAGES is free
     if (lq < nq) load_next();
     cp_async_commit();
+    if constexpr (has_prefetch<Epi>) {
+      // The tile's epilogue loads (the residual, the gates) into L1 while
+      // its chunks compute: each lane's lines as x3::store_frag hands them
+      // to epi, so its loads do not wait a round trip per fragment.
+      if (ckt == 0) {
+        const int t = lane % 4;
+        const i64 e = cw.m * BM + wgi * 64 + warp * 16 + lane / 4 + (t & 1 ? 8 : 0);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int n = cw.n * BN + j * 8 + 2 * t - (t & 1 ? 2 : 0);
+          if (e < E && n < N) epi(e, n);
+        }
+      }
+    }
     const unsigned short* bh = panel + ckt * BK / 8 * 64;
     wg::chunk<BK, AK, BN>(acc, ring + cst * SLOT, bh, bh + BN * K, (K / 8) * 128, warp, lane);
     cst = cst + 1 == STAGES ? 0 : cst + 1;

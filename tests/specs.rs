@@ -839,6 +839,29 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
     }
 }
 
+/// The relay's wgmma GEMM brings a tile's epilogue loads into L1 at the
+/// tile's first chunk (the stage's `overload` prefetch arm, core.cuh
+/// gemm_wg): in the snapshot's PTX, exactly the wgmma relay stages whose
+/// epilogue loads (fwd_m1: u and the gates; fwd_final, bwd_final: the
+/// residual and alpha; bwd_gemm: the residual) prefetch, and no other
+/// kernel does.
+#[test]
+fn wgmma_epilogue_loads_are_prefetched() {
+    let dir = crate_dir().join("generated-tests/ptx/sm_90");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let ptx = std::fs::read_to_string(&path).unwrap();
+        let loads =
+            ["ms_fwd_m1_", "ms_fwd_final_", "ms_bwd_final_", "ms_bwd_gemm_"].iter().any(|s| name.starts_with(s));
+        let want = loads && name.contains("_pg_x3");
+        assert_eq!(ptx.contains("prefetch.global.L1"), want, "{name}");
+        seen += usize::from(want);
+    }
+    assert!(seen >= 4, "the relay's wgmma stages are in the snapshot");
+}
+
 #[test]
 fn wgmma_tiles_are_built_for_sm_90a() {
     use mixstack::kinds::Precision;
