@@ -645,10 +645,11 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;
   const Seg<T> seg0{wt0 + (i64)f * d.M0 * d.M0, d.M0, 0}, seg1{wt1 + (i64)f * d.M1 * d.M1, d.M1, d.M0};
-  auto epi = [&](i64 e, int n, const T* v) {
-    const i64 at = base + e * d.ROW + n;
-    store_residual<T>(g_next + at, g + at, v);
-  };
+  auto epi = overload{[&](i64 e, int n, const T* v) {
+                        const i64 at = base + e * d.ROW + n;
+                        store_residual<T>(g_next + at, g + at, v);
+                      },
+                      [&](i64 e, int n) { prefetch_l1(g + base + e * d.ROW + n); }};
   if constexpr (PIPE == 3) {
     GzPanel<T, CF, BM, S::producers, S> a{
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};

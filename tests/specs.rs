@@ -839,14 +839,15 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
     }
 }
 
-/// The relay's wgmma GEMM brings a tile's epilogue loads into L1 at the
-/// tile's first chunk (the stage's `overload` prefetch arm, core.cuh
-/// gemm_wg): in the snapshot's PTX, exactly the wgmma relay stages whose
-/// epilogue loads (fwd_m1: u and the gates; fwd_final, bwd_final: the
-/// residual and alpha; bwd_gemm: the residual) prefetch, and no other
-/// kernel does.
+/// The fp16x3 cores whose tiles' outputs are known early bring a tile's
+/// epilogue loads into L1 at its first chunk (the stage's `overload`
+/// prefetch arm): in the snapshot's PTX, exactly the relay's wgmma stages
+/// whose epilogue loads (fwd_m1: u and the gates; fwd_final, bwd_final:
+/// the residual and alpha; bwd_gemm: the residual; core.cuh gemm_wg) and
+/// the fused backward's fp16x3 walks (the residual; gemm_rowblock)
+/// prefetch, and no other kernel does.
 #[test]
-fn wgmma_epilogue_loads_are_prefetched() {
+fn fp16x3_epilogue_loads_are_prefetched() {
     let dir = crate_dir().join("generated-tests/ptx/sm_90");
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -855,7 +856,7 @@ fn wgmma_epilogue_loads_are_prefetched() {
         let ptx = std::fs::read_to_string(&path).unwrap();
         let loads =
             ["ms_fwd_m1_", "ms_fwd_final_", "ms_bwd_final_", "ms_bwd_gemm_"].iter().any(|s| name.starts_with(s));
-        let want = loads && name.contains("_pg_x3");
+        let want = (loads && name.contains("_pg_x3")) || (name.starts_with("ms_bwd_fused_") && name.ends_with("_x3"));
         assert_eq!(ptx.contains("prefetch.global.L1"), want, "{name}");
         seen += usize::from(want);
     }
