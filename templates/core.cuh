@@ -452,22 +452,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
-// The line holding p into L1 (and L2), no wait and no register: an
-// epilogue's later load of it then hits L1.
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
-// An epilogue with a prefetch arm: epi(e, n, v) stores W outputs at (e, n),
-// epi(e, n) brings in what that store will load (a stage's ms::overload of
-// the two lambdas). A core that knows its tile's outputs early calls the
-// second where it can (gemm_wg: at a tile's first chunk); one that does not
-// never calls it.
-template <typename... F>
-struct overload : F... {
-  using F::operator()...;
-};
-template <typename... F>
-overload(F...) -> overload<F...>;
-template <typename Epi>
-constexpr bool has_prefetch = std::is_invocable_v<Epi&, i64, int>;
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -942,22 +926,15 @@ __device__ __forceinline__ void chunk(float (&acc)[2][4][4], const float* As, co
 // row g + 8, columns 2t-2..2t+1), then epi(e, n, v) as the exact path calls
 // it; the accumulators restart at zero. wgmma's m64 accumulators are laid
 // out as four warps' m16 fragments, so gemm_wg stores through it too.
-// Where store_frag hands this lane's 4 columns to epi: row e, column n.
-__device__ __forceinline__ void frag_at(i64 e16, int n8, int lane, i64& e, int& n) {
-  const int t = lane % 4;
-  const bool odd = t & 1;
-  e = e16 + lane / 4 + (odd ? 8 : 0);
-  n = n8 + 2 * t - (odd ? 2 : 0);
-}
 template <typename Epi>
 __device__ __forceinline__ void store_frag(float* c, i64 e16, int n8, int lane, i64 E, int N, Epi& epi) {
-  const bool odd = lane & 1;
+  const int g = lane / 4, t = lane % 4;
+  const bool odd = t & 1;
   const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
   const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
   const float v[4] = {odd ? r0 : c[0], odd ? r1 : c[1], odd ? c[2] : r0, odd ? c[3] : r1};
-  i64 e;
-  int n;
-  frag_at(e16, n8, lane, e, n);
+  const i64 e = e16 + g + (odd ? 8 : 0);
+  const int n = n8 + 2 * t - (odd ? 2 : 0);
   if (e < E && n < N) epi(e, n, v);
 #pragma unroll
   for (int q = 0; q < 4; ++q) c[q] = 0.f;
@@ -1348,28 +1325,6 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
         sync();
       }
     }
-    if constexpr (PREC == 1 && has_prefetch<Epi>) {
-      // The column tile's epilogue loads (the residual) into L1 while its
-      // chunks compute, at the lines x3::store_frag hands to epi.
-      if (cw.kt == 0) {
-        const int N = cw.s ? seg1.N : seg0.N, n0 = cw.ct * BN;
-        auto pre = [&](i64 e16, int n8) {
-          i64 e;
-          int n;
-          x3::frag_at(e16, n8, lane, e, n);
-          if (e < E && n < N) epi(e, off + n);
-        };
-        if constexpr (WG) {
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) pre(e0 + tid / 32 * 16, n0 + j * 8);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) pre(e0 + wm * 32 + i * 16, n0 + wn * 32 + j * 8);
-        }
-      }
-    }
     if constexpr (PREC == 0) {
       // Several column groups per thread (tn > W): the last column tile of
       // a segment may end inside the tile (seg1 N 192 at bn 128).
@@ -1630,20 +1585,6 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     bar_sync(1 + wgi, 128);  // chunk q is in for the warpgroup; slot (q - 1) % STAGES is free
     if (lq < nq) load_next();
     cp_async_commit();
-    if constexpr (has_prefetch<Epi>) {
-      // The tile's epilogue loads (the residual, the gates) into L1 while
-      // its chunks compute: each lane's lines as x3::store_frag hands them
-      // to epi, so its loads do not wait a round trip per fragment.
-      if (ckt == 0) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          i64 e;
-          int n;
-          x3::frag_at(cw.m * BM + wgi * 64 + warp * 16, cw.n * BN + j * 8, lane, e, n);
-          if (e < E && n < N) epi(e, n);
-        }
-      }
-    }
     const unsigned short* bh = panel + ckt * BK / 8 * 64;
     wg::chunk<BK, AK, BN>(acc, ring + cst * SLOT, bh, bh + BN * K, (K / 8) * 128, warp, lane);
     cst = cst + 1 == STAGES ? 0 : cst + 1;

@@ -266,28 +266,19 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
   const T* uf = u + base;
   const T* sigf = sig + (i64)f * E * d.LG;
   SurfaceA<T> a{uf + d.M0, d.ROW};
-  auto at = [&](i64 e, int n) { return base + e * d.ROW + d.M0 + n; };
-  auto gate = [&](i64 e, int n) {
-    const int r = n / CF, gr = r < L ? r : r - L;  // W columns: one subtile
-    return sigf + e * d.LG + gr * CF + (n - r * CF);
-  };
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1, a,
-      overload{[&](i64 e, int n, const T* v) {
-                 constexpr int W = Vec<T>::W;
-                 const T* gp = gate(e, n);
-                 T x[W], sg[W];
-                 Vec<T>::store(z + at(e, n), v);
-                 Vec<T>::ldg(u + at(e, n), x);
-                 Vec<T>::ldg(gp, sg);
+      E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1, a, [&](i64 e, int n, const T* v) {
+        constexpr int W = Vec<T>::W;
+        const i64 at = base + e * d.ROW + d.M0 + n;
+        const int r = n / CF, gr = r < L ? r : r - L, ch = n - r * CF;  // W columns: one subtile
+        T x[W], sg[W];
+        Vec<T>::store(z + at, v);
+        Vec<T>::ldg(u + at, x);
+        Vec<T>::ldg(sigf + e * d.LG + gr * CF + ch, sg);
 #pragma unroll
-                 for (int w = 0; w < W; ++w) x[w] = op_residual<T>(x[w], op_gate<T>(v[w], sg[w]));
-                 Vec<T>::store(u_next + at(e, n), x);
-               },
-               [&](i64 e, int n) {
-                 prefetch_l1(u + at(e, n));
-                 prefetch_l1(gate(e, n));
-               }});
+        for (int w = 0; w < W; ++w) x[w] = op_residual<T>(x[w], op_gate<T>(v[w], sg[w]));
+        Vec<T>::store(u_next + at, x);
+      });
 }
 
 // Identity layer: out[e, f, seg] = (u + u_seg @ W_seg) * alpha, edge-major.
@@ -301,8 +292,7 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
   const T* uf = u + (i64)f * E * d.ROW + off;
   SurfaceA<T> a{uf, d.ROW};
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, K, K, w + (i64)f * K * K, a,
-      overload{[&](i64 e, int n, const T* v) {
+      E, K, K, w + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
         constexpr int W = Vec<T>::W;
         T x[W];
         Vec<T>::ldg(uf + e * d.ROW + n, x);
@@ -310,11 +300,7 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
 #pragma unroll
         for (int i = 0; i < W; ++i) x[i] = op_alpha_scale<T>(op_residual<T>(x[i], v[i]), al);
         Vec<T>::store(out + (e * F + f) * d.ROW + off + n, x);
-      },
-      [&](i64 e, int n) {
-        prefetch_l1(uf + e * d.ROW + n);
-        if (apply_alpha) prefetch_l1(alpha + e * F + f);
-      }});
+      });
 }
 
 // ---------------------------------------------------------------- backward
@@ -379,21 +365,15 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
   SurfaceA<T> a{grad_out + (i64)f * d.ROW + off, (i64)F * d.ROW};
   T* gf = g + (i64)f * E * d.ROW + off;
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, K, K, wt + (i64)f * K * K, a,
-      overload{[&](i64 e, int n, const T* v) {
-                 constexpr int W = Vec<T>::W;
-                 T x[W];
-                 Vec<T>::ldg(a.row(e) + n, x);
-                 const T al = alpha_or_one(alpha, e * F + f, apply_alpha);
+      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
+        constexpr int W = Vec<T>::W;
+        T x[W];
+        Vec<T>::ldg(a.row(e) + n, x);
+        const T al = alpha_or_one(alpha, e * F + f, apply_alpha);
 #pragma unroll
-                 for (int i = 0; i < W; ++i)
-                   x[i] = op_residual<T>(op_alpha_scale<T>(x[i], al), op_alpha_scale<T>(v[i], al));
-                 Vec<T>::store(gf + e * d.ROW + n, x);
-               },
-               [&](i64 e, int n) {
-                 prefetch_l1(a.row(e) + n);
-                 if (apply_alpha) prefetch_l1(alpha + e * F + f);
-               }});
+        for (int i = 0; i < W; ++i) x[i] = op_residual<T>(op_alpha_scale<T>(x[i], al), op_alpha_scale<T>(v[i], al));
+        Vec<T>::store(gf + e * d.ROW + n, x);
+      });
 }
 
 // Relay 1/3: sig = sigmoid(s @ GW) to memory.
@@ -462,12 +442,10 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
   const i64 base = (i64)f * E * d.ROW + off;
   SurfaceA<T> a{gz + base, d.ROW};
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, K, K, wt + (i64)f * K * K, a,
-      overload{[&](i64 e, int n, const T* v) {
-                 const i64 at = base + e * d.ROW + n;
-                 store_residual<T>(g_next + at, g + at, v);
-               },
-               [&](i64 e, int n) { prefetch_l1(g + base + e * d.ROW + n); }});
+      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
+        const i64 at = base + e * d.ROW + n;
+        store_residual<T>(g_next + at, g + at, v);
+      });
 }
 
 // Both fused A operands' per-row work: what the relay's recompute and
@@ -645,11 +623,10 @@ __device__ __forceinline__ void bwd_fused(const T* __restrict__ g, const T* __re
   const int f = blockIdx.z;
   const i64 base = (i64)f * E * d.ROW;
   const Seg<T> seg0{wt0 + (i64)f * d.M0 * d.M0, d.M0, 0}, seg1{wt1 + (i64)f * d.M1 * d.M1, d.M1, d.M0};
-  auto epi = overload{[&](i64 e, int n, const T* v) {
-                        const i64 at = base + e * d.ROW + n;
-                        store_residual<T>(g_next + at, g + at, v);
-                      },
-                      [&](i64 e, int n) { prefetch_l1(g + base + e * d.ROW + n); }};
+  auto epi = [&](i64 e, int n, const T* v) {
+    const i64 at = base + e * d.ROW + n;
+    store_residual<T>(g_next + at, g + at, v);
+  };
   if constexpr (PIPE == 3) {
     GzPanel<T, CF, BM, S::producers, S> a{
         {g + base, z + base, gw + (i64)f * CF * d.LG, gwt + (i64)f * d.LG * CF, E, L, d.LG, d.ROW}};
