@@ -96,6 +96,30 @@ template <typename T, int N>
 struct Regs {
   T v[N];
 };
+// A stage's epilogue in two steps: load(e, n) reads what the store of the
+// W outputs at (e, n) needs (the residual, the gates, alpha) and store(e,
+// n, v, x) writes them. Called as epi(e, n, v), it runs both in turn (so
+// every core takes it as it takes a plain lambda); gemm_wg issues a whole
+// tile's loads first, then its stores: one load latency per tile, not one
+// per fragment (BENCH.md run 132).
+template <typename Load, typename Store>
+struct Staged {
+  Load load;
+  Store store;
+  template <typename T>
+  __device__ __forceinline__ void operator()(i64 e, int n, const T* v) const {
+    store(e, n, v, load(e, n));
+  }
+};
+template <typename Load, typename Store>
+__device__ __forceinline__ Staged<Load, Store> staged(Load l, Store s) {
+  return {l, s};
+}
+template <typename Epi>
+struct IsStaged : std::false_type {};
+template <typename Load, typename Store>
+struct IsStaged<Staged<Load, Store>> : std::true_type {};
+
 template <int THREADS, int U, typename Load, typename Use>
 __device__ __forceinline__ void batched(int n, Load load, Use use) {
   typedef decltype(load(0)) V;
@@ -926,15 +950,22 @@ __device__ __forceinline__ void chunk(float (&acc)[2][4][4], const float* As, co
 // row g + 8, columns 2t-2..2t+1), then epi(e, n, v) as the exact path calls
 // it; the accumulators restart at zero. wgmma's m64 accumulators are laid
 // out as four warps' m16 fragments, so gemm_wg stores through it too.
+// Where store_frag hands this lane's 4 columns to epi: row e, column n.
+__device__ __forceinline__ void frag_at(i64 e16, int n8, int lane, i64& e, int& n) {
+  const int t = lane % 4;
+  const bool odd = t & 1;
+  e = e16 + lane / 4 + (odd ? 8 : 0);
+  n = n8 + 2 * t - (odd ? 2 : 0);
+}
 template <typename Epi>
 __device__ __forceinline__ void store_frag(float* c, i64 e16, int n8, int lane, i64 E, int N, Epi& epi) {
-  const int g = lane / 4, t = lane % 4;
-  const bool odd = t & 1;
+  const bool odd = lane & 1;
   const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
   const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
   const float v[4] = {odd ? r0 : c[0], odd ? r1 : c[1], odd ? c[2] : r0, odd ? c[3] : r1};
-  const i64 e = e16 + g + (odd ? 8 : 0);
-  const int n = n8 + 2 * t - (odd ? 2 : 0);
+  i64 e;
+  int n;
+  frag_at(e16, n8, lane, e, n);
   if (e < E && n < N) epi(e, n, v);
 #pragma unroll
   for (int q = 0; q < 4; ++q) c[q] = 0.f;
@@ -1590,8 +1621,25 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
+      if constexpr (IsStaged<Epi>::value) {
+        // Every fragment's epilogue loads first, then the stores.
+        decltype(epi.load(e16, 0)) x[BN / 8];
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, epi);
+        for (int j = 0; j < BN / 8; ++j) {
+          i64 e;
+          int n;
+          x3::frag_at(e16, cw.n * BN + j * 8, lane, e, n);
+          if (e < E && n < N) x[j] = epi.load(e, n);
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          auto st = [&](i64 e, int n, const float* v) { epi.store(e, n, v, x[j]); };
+          x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, st);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, epi);
+      }
       ckt = 0;
       cw.step(dm, dn, ntn);
     }

@@ -266,19 +266,26 @@ __device__ __forceinline__ void fwd_m1(const T* __restrict__ u, const T* __restr
   const T* uf = u + base;
   const T* sigf = sig + (i64)f * E * d.LG;
   SurfaceA<T> a{uf + d.M0, d.ROW};
+  constexpr int W = Vec<T>::W;
+  using X = Regs<T, 2 * W>;  // u, then the gates
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1, a, [&](i64 e, int n, const T* v) {
-        constexpr int W = Vec<T>::W;
-        const i64 at = base + e * d.ROW + d.M0 + n;
-        const int r = n / CF, gr = r < L ? r : r - L, ch = n - r * CF;  // W columns: one subtile
-        T x[W], sg[W];
-        Vec<T>::store(z + at, v);
-        Vec<T>::ldg(u + at, x);
-        Vec<T>::ldg(sigf + e * d.LG + gr * CF + ch, sg);
+      E, d.M1, d.M1, w1 + (i64)f * d.M1 * d.M1, a,
+      staged(
+          [&](i64 e, int n) {
+            const int r = n / CF, gr = r < L ? r : r - L, ch = n - r * CF;  // W columns: one subtile
+            X x;
+            Vec<T>::ldg(u + base + e * d.ROW + d.M0 + n, x.v);
+            Vec<T>::ldg(sigf + e * d.LG + gr * CF + ch, x.v + W);
+            return x;
+          },
+          [&](i64 e, int n, const T* v, const X& x) {
+            const i64 at = base + e * d.ROW + d.M0 + n;
+            T y[W];
+            Vec<T>::store(z + at, v);
 #pragma unroll
-        for (int w = 0; w < W; ++w) x[w] = op_residual<T>(x[w], op_gate<T>(v[w], sg[w]));
-        Vec<T>::store(u_next + at, x);
-      });
+            for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], op_gate<T>(v[w], x.v[W + w]));
+            Vec<T>::store(u_next + at, y);
+          }));
 }
 
 // Identity layer: out[e, f, seg] = (u + u_seg @ W_seg) * alpha, edge-major.
@@ -291,16 +298,23 @@ __device__ __forceinline__ void fwd_final(const T* __restrict__ u, const T* __re
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const T* uf = u + (i64)f * E * d.ROW + off;
   SurfaceA<T> a{uf, d.ROW};
+  constexpr int W = Vec<T>::W;
+  using X = Regs<T, W + 1>;  // u, then alpha (or 1)
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, K, K, w + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
-        constexpr int W = Vec<T>::W;
-        T x[W];
-        Vec<T>::ldg(uf + e * d.ROW + n, x);
-        const T al = alpha_or_one(alpha, e * F + f, apply_alpha);
+      E, K, K, w + (i64)f * K * K, a,
+      staged(
+          [&](i64 e, int n) {
+            X x;
+            Vec<T>::ldg(uf + e * d.ROW + n, x.v);
+            x.v[W] = alpha_or_one(alpha, e * F + f, apply_alpha);
+            return x;
+          },
+          [&](i64 e, int n, const T* v, const X& x) {
+            T y[W];
 #pragma unroll
-        for (int i = 0; i < W; ++i) x[i] = op_alpha_scale<T>(op_residual<T>(x[i], v[i]), al);
-        Vec<T>::store(out + (e * F + f) * d.ROW + off + n, x);
-      });
+            for (int i = 0; i < W; ++i) y[i] = op_alpha_scale<T>(op_residual<T>(x.v[i], v[i]), x.v[W]);
+            Vec<T>::store(out + (e * F + f) * d.ROW + off + n, y);
+          }));
 }
 
 // ---------------------------------------------------------------- backward
@@ -364,16 +378,24 @@ __device__ __forceinline__ void bwd_final(const T* __restrict__ grad_out,
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   SurfaceA<T> a{grad_out + (i64)f * d.ROW + off, (i64)F * d.ROW};
   T* gf = g + (i64)f * E * d.ROW + off;
+  constexpr int W = Vec<T>::W;
+  using X = Regs<T, W + 1>;  // grad_out, then alpha (or 1)
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
-        constexpr int W = Vec<T>::W;
-        T x[W];
-        Vec<T>::ldg(a.row(e) + n, x);
-        const T al = alpha_or_one(alpha, e * F + f, apply_alpha);
+      E, K, K, wt + (i64)f * K * K, a,
+      staged(
+          [&](i64 e, int n) {
+            X x;
+            Vec<T>::ldg(a.row(e) + n, x.v);
+            x.v[W] = alpha_or_one(alpha, e * F + f, apply_alpha);
+            return x;
+          },
+          [&](i64 e, int n, const T* v, const X& x) {
+            T y[W];
 #pragma unroll
-        for (int i = 0; i < W; ++i) x[i] = op_residual<T>(op_alpha_scale<T>(x[i], al), op_alpha_scale<T>(v[i], al));
-        Vec<T>::store(gf + e * d.ROW + n, x);
-      });
+            for (int i = 0; i < W; ++i)
+              y[i] = op_residual<T>(op_alpha_scale<T>(x.v[i], x.v[W]), op_alpha_scale<T>(v[i], x.v[W]));
+            Vec<T>::store(gf + e * d.ROW + n, y);
+          }));
 }
 
 // Relay 1/3: sig = sigmoid(s @ GW) to memory.
