@@ -15,6 +15,6 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     bin=.device/mixstack; [ $side = A ] && bin=.device/old/mixstack
     echo "== round $r $side: $*"
     timeout 90 $bin bench "$@" --json "$OUT/${NAME:-ab}_${side}_$r.json" > "$OUT/${NAME:-ab}_${side}_$r.log" 2>&1
-    grep -E "^(default|relay|fused) |^    " "$OUT/${NAME:-ab}_${side}_$r.log" | awk '/^    /{printf "  %s %s", $1, $2; next} {printf "\n%s %s median %s", $1, $2, $4} END {print ""}'
+    grep -E "^(default|relay|fused)[@ ]|^    " "$OUT/${NAME:-ab}_${side}_$r.log" | awk '/^    /{printf "  %s %s", $1, $2; next} {printf "\n%s %s median %s", $1, $2, $4} END {print ""}'
   done
 done
