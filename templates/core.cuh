@@ -101,7 +101,7 @@ struct Regs {
 // n, v, x) writes them. Called as epi(e, n, v), it runs both in turn (so
 // every core takes it as it takes a plain lambda); gemm_wg issues a whole
 // tile's loads first, then its stores: one load latency per tile, not one
-// per fragment (BENCH.md run 132).
+// per fragment (run 132 found fwd_m1 waiting on them; run 133 measured it).
 template <typename Load, typename Store>
 struct Staged {
   Load load;
@@ -950,7 +950,8 @@ __device__ __forceinline__ void chunk(float (&acc)[2][4][4], const float* As, co
 // row g + 8, columns 2t-2..2t+1), then epi(e, n, v) as the exact path calls
 // it; the accumulators restart at zero. wgmma's m64 accumulators are laid
 // out as four warps' m16 fragments, so gemm_wg stores through it too.
-// Where store_frag hands this lane's 4 columns to epi: row e, column n.
+// frag_at: where store_frag hands this lane's 4 columns to epi (row e,
+// column n; a staged epilogue's loads go there too).
 __device__ __forceinline__ void frag_at(i64 e16, int n8, int lane, i64& e, int& n) {
   const int t = lane % 4;
   const bool odd = t & 1;
@@ -983,7 +984,7 @@ __device__ __forceinline__ void store(float (&acc)[2][4][4], int wm, int wn, int
 
 // ---------------------------------------------------------------------------
 // Hopper's warpgroup MMA (sm_90a) for the fp16x3 products: gemm_wg and the
-// fused walk's split_wgmma consumers.
+// fused walks' warpgroups (pipe: wgmma and split_wgmma).
 namespace wg {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mma_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long b,
@@ -1265,7 +1266,7 @@ __device__ __forceinline__ void gemm_rowblock(i64 E, const Seg<T> seg0, const Se
   prime_ring<STAGES>(lq, nq, load_next);
   [[maybe_unused]] T acc[TM][TN];        // exact: thread (ty, tx)'s outputs
   [[maybe_unused]] float acc3[2][4][4];  // fp16x3: warp (wm, wn)'s 32 x 32 tile
-  // split_wgmma: the warpgroup's m64n64 accumulators (warp w: rows 16 w..)
+  // the wgmma walks: the warpgroup's m64n64 accumulators (warp w: rows 16 w..)
   [[maybe_unused]] float accw[WG ? BN / 2 : 1];
   constexpr int WN = BN >= 32 ? BN / 32 : 1;  // warp tiles across (fp16x3: BN % 32 == 0)
   [[maybe_unused]] const int lane = tid % 32, wm = tid / 32 / WN, wn = tid / 32 % WN;

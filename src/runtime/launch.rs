@@ -58,10 +58,11 @@ pub fn launch_config(
             let blocks = match resident {
                 Some(r) if pipe.persistent() => {
                     let b = tiles.min((r / f.max(1) as u64).max(1));
-                    // pipe wgmma splits a column tile's B into shared memory
-                    // once per block, again whenever the block's column tile
-                    // changes: a multiple of the column tiles keeps each
-                    // block on one.
+                    // The relay's pipe wgmma splits a column tile's B into
+                    // shared memory once per block, again whenever the
+                    // block's column tile changes: a multiple of the column
+                    // tiles keeps each block on one. (The fused walk is
+                    // launched with n = 0: one column tile, no change.)
                     if pipe == Pipe::Wgmma && b > col_tiles {
                         b / col_tiles * col_tiles
                     } else {

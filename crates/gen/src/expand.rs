@@ -2,7 +2,7 @@
 //! static checks (logged with the reason), each instance with its canonical
 //! name (crate::kinds::canonical_name).
 
-use super::layout::{layout, Layout};
+use super::layout::{b_panel, layout, Layout};
 use super::spec::{BlockK, Kind, SmemBuf, SpecError, Specs};
 use crate::kinds::{canonical_name, Arch, Dtype, Geometry, Pipe, Stage, Variant};
 
@@ -79,8 +79,9 @@ pub fn expand(specs: &Specs, only: Option<&str>) -> Result<Expansion, SpecError>
                         continue;
                     }
                     // The relay's wgmma B panel takes the per-LG region (layout.rs).
-                    let wgmma = geometry.pipe() == Some(Pipe::Wgmma) && st.variant != Variant::Fused;
-                    if wgmma && st.smem.iter().any(|b| !matches!(b, SmemBuf::ATile | SmemBuf::BTile)) {
+                    if b_panel(&geometry, st.variant)
+                        && st.smem.iter().any(|b| !matches!(b, SmemBuf::ATile | SmemBuf::BTile))
+                    {
                         let reason = "pipe: wgmma's B panel takes the per-LG shared memory: a_tile and b_tile only";
                         out.pruned.push(Pruned { name, reason: reason.into() });
                         continue;

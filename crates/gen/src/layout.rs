@@ -62,6 +62,13 @@ fn prod(xs: &[u32]) -> u32 {
     xs.iter().try_fold(1u32, |a, &x| a.checked_mul(x)).unwrap_or(u32::MAX)
 }
 
+/// Whether the tile keeps a column tile's whole B as a panel (the relay's
+/// wgmma GEMM, gemm_wg), in the per-LG region; the fused wgmma walks split
+/// each ring chunk into `b_split` instead.
+pub fn b_panel(g: &Geometry, variant: Variant) -> bool {
+    g.pipe() == Some(Pipe::Wgmma) && variant != Variant::Fused
+}
+
 pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry, variant: Variant) -> Layout {
     let sz = dtype.size() as u32;
     let apad = 16 / sz;
@@ -116,10 +123,7 @@ pub fn layout(bufs: &[SmemBuf], dtype: Dtype, cf: u32, g: &Geometry, variant: Va
     // s slot j at s_rows + j * rows * Cf values, sig slot j at per-LG slot
     // sig_slot + j.
     let sets = if matches!(pipe, Pipe::Split | Pipe::SplitWgmma) { 2 } else { 1 };
-    // The relay's wgmma GEMM (gemm_wg) keeps a column tile's whole B as a
-    // panel; the fused walks (a new B chunk at every step) split each ring
-    // chunk into `b_split`.
-    let b_panel = pipe == Pipe::Wgmma && variant != Variant::Fused;
+    let b_panel = b_panel(g, variant);
     let b_split = pipe.wgmma() && !b_panel;
     for b in bufs {
         match b {

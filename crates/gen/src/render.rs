@@ -188,7 +188,7 @@ impl Renderer {
         if let Some((p, c)) = inst.geometry.setmaxnreg() {
             consts.extend([("producer_regs", p.into()), ("consumer_regs", c.into())]);
         }
-        // The split B chunk of pipe split_wgmma, likewise only where it is.
+        // The split B chunks of the fused wgmma walks, likewise only where they are.
         if let Some(b) = l.b_split {
             consts.push(("b_split", b.into()));
         }

@@ -895,8 +895,9 @@ impl Specs {
 
     /// What the fp16x3 core (templates/core.cuh: x3::chunk) is written for:
     /// f32 operands, a persistent cp.async ring (pipe: stream; the fused
-    /// backward's split walk too; pipe: wgmma, gemm_wg, and split_wgmma, the
-    /// split walk on wgmma: each their own shape), one warp per 32 x 32
+    /// backward's split walk too; pipe: wgmma, gemm_wg in the relay and the
+    /// fused stream walk, and split_wgmma, the split walk on wgmma: each
+    /// their own shape), one warp per 32 x 32
     /// output tile (tm 8 x tn 4 outputs per thread) and whole m16n8k16 steps
     /// per K chunk.
     fn fp16x3_tile(&self, field: &dyn Fn(&str) -> String, t: &GemmTileSpec) -> Result<(), SpecError> {
