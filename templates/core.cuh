@@ -1552,7 +1552,8 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(BM == 128 && BN == 64 && BK % 16 == 0, "two warpgroups of 64 rows, m64n64k16 (checked by the spec)");
+  static_assert(BM % 64 == 0 && BN == 64 && BK % 16 == 0, "a warpgroup per 64 rows, m64n64k16 (checked by the spec)");
+  constexpr int SG = BM > 128 ? 2 : BN / 8;
   constexpr int AK = S::a_pitch, SLOT = 64 * AK;
   const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
   float* ring = smem_at<float>(S::a_tile) + wgi * STAGES * SLOT;
@@ -1623,19 +1624,22 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
       if constexpr (IsStaged<Epi>::value) {
-        // Every fragment's epilogue loads first, then the stores.
-        decltype(epi.load(e16, 0)) x[BN / 8];
+        // G fragments' epilogue loads first, then their stores.
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          i64 e;
-          int n;
-          x3::frag_at(e16, cw.n * BN + j * 8, lane, e, n);
-          if (e < E && n < N) x[j] = epi.load(e, n);
-        }
+        for (int j0 = 0; j0 < BN / 8; j0 += SG) {
+          decltype(epi.load(e16, 0)) x[SG];
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          auto st = [&](i64 e, int n, const float* v) { epi.store(e, n, v, x[j]); };
-          x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, st);
+          for (int j = 0; j < SG; ++j) {
+            i64 e;
+            int n;
+            x3::frag_at(e16, cw.n * BN + (j0 + j) * 8, lane, e, n);
+            if (e < E && n < N) x[j] = epi.load(e, n);
+          }
+#pragma unroll
+          for (int j = 0; j < SG; ++j) {
+            auto st = [&](i64 e, int n, const float* v) { epi.store(e, n, v, x[j]); };
+            x3::store_frag(acc + 4 * (j0 + j), e16, cw.n * BN + (j0 + j) * 8, lane, E, N, st);
+          }
         }
       } else {
 #pragma unroll

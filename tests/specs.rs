@@ -834,7 +834,7 @@ fn split_wgmma_tiles_are_fused_sm_90a_with_their_b_split() {
         "{pruned:?}"
     );
     for (to, want) in [
-        (line.replace("block_m: 64", "block_m: 96"), "block_m 64 or 128"),
+        (line.replace("block_m: 64", "block_m: 96"), "block_m 64, 128 or 192"),
         (line.replace("bn: 64", "bn: 128").replace("tn: 4", "tn: 8"), "bn 64"),
     ] {
         let e = load_err(&specs_with("tiles.yaml", |t| with_split_wgmma(t).replacen(line, &to, 1)));
@@ -870,24 +870,25 @@ fn wgmma_tiles_are_built_for_sm_90a() {
             let b = i.layout.b_split.expect("a b_split buffer");
             assert!(b >= i.layout.b_tile.unwrap() && b + b_split_bytes(&i.geometry) <= i.layout.fixed, "{}", i.name);
         } else {
-            // gemm_wg: two warpgroups; the B panel, 8 * BN bytes per gate column, after the A rings
-            assert_eq!(i.geometry.rows(), 128, "{}", i.name);
+            // gemm_wg: a warpgroup per 64 rows; the B panel, 8 * BN bytes per gate column, after the A rings
+            assert!(matches!(i.geometry.rows(), 64 | 128 | 192), "{}", i.name);
             assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * 64), "{}", i.name);
         }
         assert_wgmma_ptx(&i.name);
     }
-    // In the relay's set a block_m 64 tile loads, and expand prunes it, saying why.
-    let relay = "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma";
-    let dir = specs_with("tiles.yaml", |t| t.replacen(relay, &relay.replace("block_m: 128", "block_m: 64"), 1));
+    // In the fused set a block_m 192 tile loads, and expand prunes it, saying why.
+    let fused = "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 2, min_blocks: 1, pipe: wgmma";
+    assert_eq!(std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap().matches(fused).count(), 1);
+    let dir = specs_with("tiles.yaml", |t| t.replacen(fused, &fused.replace("block_m: 128", "block_m: 192"), 1));
     let pruned = expand(&spec::load(&dir).unwrap(), None).unwrap().pruned;
-    let why = pruned.iter().find(|p| p.name.starts_with("ms_fwd_m0_") && p.name.contains("_m64_n64_k32_t8x4_s4_b1_pg"));
-    assert!(why.is_some_and(|p| p.reason.contains("gemm_wg) runs two warpgroups")), "{pruned:?}");
+    let why = pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused_") && p.name.contains("_m192_n64_k32_t8x4_s2_b1_pg"));
+    assert!(why.is_some_and(|p| p.reason.contains("one or two warpgroups")), "{pruned:?}");
     // Refused outside what the wgmma walks are written for, naming the field.
     for (from, to, want) in [
         (
             "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
             "block_m: 96, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
-            "block_m 64 or 128",
+            "block_m 64, 128 or 192",
         ),
         (
             "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",

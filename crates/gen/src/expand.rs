@@ -170,8 +170,8 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
         if variant != Variant::Fused && pipe.has_producers() {
             return Some("pipe: ws, split and split_wgmma serve the fused backward only".into());
         }
-        if variant != Variant::Fused && pipe == Pipe::Wgmma && g.rows() != 128 {
-            return Some("the relay's wgmma GEMM (gemm_wg) runs two warpgroups of 64 rows: block_m 128".into());
+        if variant == Variant::Fused && pipe.wgmma() && g.rows() > 128 {
+            return Some("the fused wgmma walks run one or two warpgroups of 64 rows: block_m 64 or 128".into());
         }
         let sub = super::layout::GLOG_SUB_ROWS;
         if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {

@@ -915,8 +915,8 @@ impl Specs {
             // A warpgroup per 64 rows, one m64n64k16 product per k16 step
             // and column tile, Hopper only (the relay's gemm_wg takes
             // block_m 128: expand.rs prunes the rest there).
-            if t.block_m != 64 && t.block_m != 128 {
-                return bad("block_m", "pipe wgmma and split_wgmma: block_m 64 or 128 (a warpgroup per 64 rows)");
+            if !matches!(t.block_m, 64 | 128 | 192) {
+                return bad("block_m", "pipe wgmma and split_wgmma: block_m 64, 128 or 192 (a warpgroup per 64 rows)");
             }
             if t.bn != 64 {
                 return bad("bn", "pipe wgmma and split_wgmma: bn 64 (m64n64k16)");
