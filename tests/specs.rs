@@ -623,8 +623,13 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
     for i in &x3 {
         assert_eq!(i.dtype, Dtype::F32, "{}", i.name);
         assert!(i.name.ends_with("_x3"), "{}", i.name);
-        assert!(!i.is_default, "{} is named by an exact default", i.name);
     }
+    // named by defaults of the mode only (the spec refuses an exact one naming it)
+    for d in &s.tiles.defaults {
+        let x3_tile = d.tile.ends_with("_x3");
+        assert_eq!(x3_tile, d.precision == Precision::Fp16x3, "{d:?}");
+    }
+    assert!(x3.iter().any(|i| i.is_default), "the mode's generic defaults name its tiles");
     // an exact tile of the same geometry is another instance, not a duplicate
     let dir = specs_with("tiles.yaml", |t| {
         let line = x3_line(t);
@@ -637,7 +642,7 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
     assert!(exp2.instances.iter().any(|i| i.name == name.trim_end_matches("_x3")), "{name}'s exact twin");
     // a default naming an fp16x3 tile must say so
     let dir = specs_with("tiles.yaml", |t| {
-        format!("{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k32_t8x4_s3_b1_ps_x3}}\n")
+        format!("{t}  - {{stage: bwd_gemm, dtype: f32, cf: 96, tile: m128_n64_k32_t8x4_s3_b1_ps_x3}}\n")
     });
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None).unwrap()).unwrap_err().to_string();
@@ -645,7 +650,7 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
     // ... and with it, it is that mode's default, beside the exact one
     let dir = specs_with("tiles.yaml", |t| {
         format!(
-            "{t}  - {{stage: bwd_gemm, dtype: f32, cf: 32, tile: m128_n64_k32_t8x4_s3_b1_ps_x3, precision: fp16x3}}\n"
+            "{t}  - {{stage: bwd_gemm, dtype: f32, cf: 96, tile: m128_n64_k32_t8x4_s3_b1_ps_x3, precision: fp16x3}}\n"
         )
     });
     let s = spec::load(&dir).unwrap();
@@ -654,7 +659,7 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
     assert!(exp
         .instances
         .iter()
-        .any(|i| i.is_default && i.name == "ms_bwd_gemm_f32_cf32_m128_n64_k32_t8x4_s3_b1_ps_x3"));
+        .any(|i| i.is_default && i.name == "ms_bwd_gemm_f32_cf96_m128_n64_k32_t8x4_s3_b1_ps_x3"));
 }
 
 #[test]
@@ -881,7 +886,8 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     assert_eq!(std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap().matches(fused).count(), 1);
     let dir = specs_with("tiles.yaml", |t| t.replacen(fused, &fused.replace("block_m: 128", "block_m: 192"), 1));
     let pruned = expand(&spec::load(&dir).unwrap(), None).unwrap().pruned;
-    let why = pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused_") && p.name.contains("_m192_n64_k32_t8x4_s2_b1_pg"));
+    let why =
+        pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused_") && p.name.contains("_m192_n64_k32_t8x4_s2_b1_pg"));
     assert!(why.is_some_and(|p| p.reason.contains("one or two warpgroups")), "{pruned:?}");
     // Refused outside what the wgmma walks are written for, naming the field.
     for (from, to, want) in [
