@@ -1535,8 +1535,8 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 // The same scales, splits, products and folds per output element as
 // x3::chunk, so the same bits as every other fp16x3 kernel (bench/exp
 // fp16x3_gemm.cu's v6, BENCH.md run 119: every element equal at both of the
-// seed's shapes and five scales). The block's two warpgroups (64 rows each)
-// walk gemm_stream's tiles (blockIdx.x, + gridDim.x, .., column tiles
+// seed's shapes and five scales). The block's warpgroups (BM / 64, 64 rows
+// each) walk gemm_stream's tiles (blockIdx.x, + gridDim.x, .., column tiles
 // fastest). B's column tile, all K rows, is split once (x3::split2) into
 // fp16 head and tail halves in a shared-memory panel of wgmma's no-swizzle
 // K-major core matrices (8 n x 8 k halves, 128 B; k-neighbours 128 B apart,
@@ -1624,7 +1624,9 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
       if constexpr (IsStaged<Epi>::value) {
-        // G fragments' epilogue loads first, then their stores.
+        // SG fragments' epilogue loads first, then their stores: all eight
+        // at block_m 128 (one block per SM, up to 255 registers), two at 192
+        // (three warpgroups: 168 registers, where eight spill).
 #pragma unroll
         for (int j0 = 0; j0 < BN / 8; j0 += SG) {
           decltype(epi.load(e16, 0)) x[SG];
