@@ -267,7 +267,8 @@ fn a_measured_regime_writes_into_the_shipped_specs() {
     let after = spec::load(&dir).unwrap().stages.regime.fused_faster;
     let h200: Vec<[u32; 2]> = after.iter().filter(|x| x.gpu.as_deref() == Some("H200")).map(|x| x.lmax).collect();
     assert_eq!(h200, [[1, 2], [4, 4]]);
-    assert_eq!(after.len(), before.len() + 2, "the other GPUs' entries are kept");
+    let others = before.iter().filter(|x| x.gpu.as_deref() != Some("H200")).count();
+    assert_eq!(after.len(), others + 2, "the other GPUs' entries are kept, this GPU's replaced");
     // Written again, the same sweep changes nothing; the diff is the entries only.
     assert_eq!(write(&text, "NVIDIA H200", Precision::Exact, &[32, 64], &found).unwrap(), text);
     let added: Vec<&str> = text.lines().filter(|l| !shipped.lines().any(|o| o == *l)).collect();
@@ -278,6 +279,8 @@ fn a_measured_regime_writes_into_the_shipped_specs() {
             "    - {cf: 32, lmax: [4, 4], gpu: H200}  # fused / relay 0.970-0.970 (mixstack tune --regime)"
         ]
     );
+    let removed: Vec<&str> = shipped.lines().filter(|l| !text.lines().any(|o| o == *l)).collect();
+    assert!(removed.iter().all(|l| l.contains("gpu: H200")), "{removed:?}");
 }
 
 #[test]
