@@ -2,6 +2,8 @@
 # Builds the release binary, the C library and the GPU test binaries here and
 # packs them into .device/bundle.tar.xz (git-ignored) for the device tool's
 # `carry`; the GPU machine has no Rust. There: scripts/on-device.sh unpacks.
+# BINS="mixstack gpu_stack": pack only those (the tracked tree is near the
+# tool's 64 MiB with the carry; the whole bundle may not fit beside it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device && mkdir -p .device/bin
@@ -21,5 +23,9 @@ for line in sys.stdin:
             shutil.copy(m["executable"], ".device/bin/" + name)
 '
 strip .device/bin/*
-tar -C .device -cJf .device/bundle.tar.xz bin && rm -rf .device/bin
+if [ -n "${BINS:-}" ]; then
+  tar -C .device -cJf .device/bundle.tar.xz $(for b in $BINS; do echo "bin/$b"; done) && rm -rf .device/bin
+else
+  tar -C .device -cJf .device/bundle.tar.xz bin && rm -rf .device/bin
+fi
 ls -la .device
