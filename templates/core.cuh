@@ -99,9 +99,10 @@ struct Regs {
 // A stage's epilogue in two steps: load(e, n) reads what the store of the
 // W outputs at (e, n) needs (the residual, the gates, alpha) and store(e,
 // n, v, x) writes them. Called as epi(e, n, v), it runs both in turn (so
-// every core takes it as it takes a plain lambda); gemm_wg issues a whole
-// tile's loads first, then its stores: one load latency per tile, not one
-// per fragment (run 132 found fwd_m1 waiting on them; run 133 measured it).
+// every core takes it as it takes a plain lambda); gemm_wg issues a tile's
+// loads first (all of them, or a few fragments' at a time where registers
+// are short), then their stores: one load latency per batch, not one per
+// fragment (run 132 found fwd_m1 waiting on them; run 133 measured it).
 template <typename Load, typename Store>
 struct Staged {
   Load load;
@@ -1609,7 +1610,7 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   int panel_n = -1, ckt = 0, cst = 0;
   for (i64 q = 0; q < nq; ++q) {
-    if (ckt == 0 && cw.n != panel_n) {  // block-uniform: both warpgroups walk the same tiles
+    if (ckt == 0 && cw.n != panel_n) {  // block-uniform: every warpgroup walks the same tiles
       __syncthreads();                  // every wgmma on the old panel has completed (waited below)
       fill_panel(cw.n * BN);
       panel_n = cw.n;
@@ -1624,9 +1625,10 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
       if constexpr (IsStaged<Epi>::value) {
-        // SG fragments' epilogue loads first, then their stores: all eight
-        // at block_m 128 (one block per SM, up to 255 registers), two at 192
-        // (three warpgroups: 168 registers, where eight spill).
+        // SG fragments' epilogue loads first, then their stores: two at
+        // block_m 192 (168 registers, where eight spill), all eight below.
+        // (The rule goes by block_m, not the register cap: at block_m 64
+        // and three blocks per SM fwd_m1 spills with eight and is rejected.)
 #pragma unroll
         for (int j0 = 0; j0 < BN / 8; j0 += SG) {
           decltype(epi.load(e16, 0)) x[SG];

@@ -1040,6 +1040,32 @@ fn gpu_defaults_chain() {
     assert_eq!((e.name, why), (plain[0].name, DefaultReason::FirstUsable));
 }
 
+/// The built table's fp16x3 defaults at Cf 64 (tiles.yaml): the H100 keeps
+/// the tile measured on it, any other GPU takes the generic one (measured on
+/// an H200), and where the wgmma panel no longer fits the shared memory
+/// (lmax 5, 6) both take a usable tile, said so.
+#[test]
+fn fp16x3_defaults_follow_the_gpu_and_the_shared_memory() {
+    use mixstack::runtime::dispatch::DefaultReason;
+    let pick = |gpu: &'static str, lmax: u32| {
+        let d = Dispatch::builtin().with_arch(Arch::Sm90).with_precision(Precision::Fp16x3).with_gpu(Some(gpu));
+        let (e, why) = d.default_with_reason(Stage::FwdM1, Dtype::F32, 64, lmax).unwrap();
+        (e.name, why)
+    };
+    let h100 = "NVIDIA H100 80GB HBM3";
+    assert_eq!(pick(h100, 2).0, "ms_fwd_m1_f32_cf64_m128_n64_k32_t8x4_s4_b1_pg_x3");
+    assert!(matches!(pick(h100, 2).1, DefaultReason::GpuDefault(_)));
+    assert_eq!(
+        pick("NVIDIA H200", 2),
+        ("ms_fwd_m1_f32_cf64_m192_n64_k32_t8x4_s3_b1_pg_x3", DefaultReason::SpecDefault)
+    );
+    for gpu in [h100, "NVIDIA H200"] {
+        let (name, why) = pick(gpu, 5);
+        assert!(name.ends_with("_x3") && !name.contains("_pg"), "{gpu}: {name}");
+        assert_eq!(why, DefaultReason::FirstUsable, "{gpu}");
+    }
+}
+
 // ----------------------------------------------------------------------
 // architectures
 // ----------------------------------------------------------------------

@@ -279,8 +279,11 @@ fn a_measured_regime_writes_into_the_shipped_specs() {
             "    - {cf: 32, lmax: [4, 4], gpu: H200}  # fused / relay 0.970-0.970 (mixstack tune --regime)"
         ]
     );
+    // ... and this GPU's shipped entries are the lines it replaced
     let removed: Vec<&str> = shipped.lines().filter(|l| !text.lines().any(|o| o == *l)).collect();
-    assert!(removed.iter().all(|l| l.contains("gpu: H200")), "{removed:?}");
+    let shipped_h200: Vec<&str> = shipped.lines().filter(|l| l.contains("gpu: H200}")).collect();
+    assert!(!shipped_h200.is_empty(), "the shipped stages.yaml has the H200's entries");
+    assert_eq!(removed, shipped_h200);
 }
 
 #[test]
@@ -650,7 +653,7 @@ fn fp16x3_instances_are_their_own_keys_never_an_exact_default() {
     let s = spec::load(&dir).unwrap();
     let e = pipeline::check_defaults(&s, &expand(&s, None).unwrap()).unwrap_err().to_string();
     assert!(e.contains("precision: fp16x3") && e.contains(".precision"), "{e}");
-    // ... and with it, it is that mode's default, beside the exact one
+    // ... and with it, it is that mode's default
     let dir = specs_with("tiles.yaml", |t| {
         format!(
             "{t}  - {{stage: bwd_gemm, dtype: f32, cf: 96, tile: m128_n64_k32_t8x4_s3_b1_ps_x3, precision: fp16x3}}\n"
@@ -864,6 +867,7 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
     let exp = expand(&s, None).unwrap();
     let wg: Vec<_> = exp.instances.iter().filter(|i| i.geometry.pipe() == Some(Pipe::Wgmma)).collect();
+    let mut relay_rows = std::collections::BTreeSet::new();
     assert!(wg.iter().any(|i| i.stage != Stage::BwdFused), "the relay's pipe wgmma instances are built");
     assert!(wg.iter().any(|i| i.stage == Stage::BwdFused), "the fused pipe wgmma instances are built");
     for i in wg {
@@ -878,12 +882,19 @@ fn wgmma_tiles_are_built_for_sm_90a() {
             let b = i.layout.b_split.expect("a b_split buffer");
             assert!(b >= i.layout.b_tile.unwrap() && b + b_split_bytes(&i.geometry) <= i.layout.fixed, "{}", i.name);
         } else {
-            // gemm_wg: a warpgroup per 64 rows; the B panel, 8 * BN bytes per gate column, after the A rings
-            assert!(matches!(i.geometry.rows(), 64 | 128 | 192), "{}", i.name);
+            // gemm_wg: a warpgroup per 64 rows, each its ring of `stages` chunks of 64 rows at
+            // pitch block_k + 8 floats (core.cuh places warpgroup w's at w * stages * 64 rows);
+            // then the B panel, 8 * BN bytes per gate column
+            let Geometry::Gemm { block_m, block_k, stages, .. } = i.geometry else { unreachable!() };
+            assert_eq!(i.layout.a_tile, Some(0), "{}", i.name);
+            assert_eq!(i.layout.fixed, (stages * block_m * (block_k + 8) * 4).div_ceil(16) * 16, "{}", i.name);
             assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * 64), "{}", i.name);
+            relay_rows.insert(block_m);
         }
         assert_wgmma_ptx(&i.name);
     }
+    // the relay's tiles of one, two and three warpgroups are built, not pruned
+    assert_eq!(relay_rows.into_iter().collect::<Vec<_>>(), [64, 128, 192]);
     // In the fused set a block_m 192 tile loads, and expand prunes it, saying why.
     let fused = "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 2, min_blocks: 1, pipe: wgmma";
     assert_eq!(std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap().matches(fused).count(), 1);

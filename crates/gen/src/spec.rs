@@ -913,8 +913,8 @@ impl Specs {
         }
         if t.pipe.wgmma() {
             // A warpgroup per 64 rows, one m64n64k16 product per k16 step
-            // and column tile, Hopper only (the relay's gemm_wg takes
-            // block_m 128: expand.rs prunes the rest there).
+            // and column tile, Hopper only (the fused walks take block_m
+            // 64 or 128: expand.rs prunes 192 there).
             if !matches!(t.block_m, 64 | 128 | 192) {
                 return bad("block_m", "pipe wgmma and split_wgmma: block_m 64, 128 or 192 (a warpgroup per 64 rows)");
             }

@@ -226,7 +226,7 @@ pub enum Pipe {
     Split,
     /// The fp16x3 products on Hopper's warpgroup MMA (wgmma, sm_90a), a
     /// warpgroup per 64 rows. The relay's GEMMs: `Stream`'s persistent walk,
-    /// two warpgroups each with its own cp.async ring of A chunks, the
+    /// a warpgroup per 64 rows each with its own cp.async ring of A chunks, the
     /// block's column tile of B split once into a shared-memory panel
     /// (templates/core.cuh: gemm_wg). The fused backward: `Stream`'s row-block
     /// walk, each B chunk split into fp16 halves in shared memory by the
