@@ -4,10 +4,11 @@
 //! call, which scratch is taken and given back.
 
 use super::CliResult;
-use mixstack::kinds::Dtype;
+use mixstack::kinds::{Dtype, Precision};
 use mixstack::runtime::chunk;
 use mixstack::runtime::dispatch::{Dispatch, TileOverride};
 use mixstack::runtime::plan::{Machine, Planner};
+use mixstack::runtime::precision::{parse_precision, PRECISION_SPELLINGS};
 use mixstack::runtime::shape::StackShape;
 use mixstack::runtime::stack::validate_shape;
 use mixstack::runtime::switch::{parse_switch, Request, SWITCH_SPELLINGS};
@@ -33,6 +34,10 @@ pub struct PlanArgs {
     /// or "on", where it was measured faster; "always", wherever it serves.
     #[arg(long, num_args = 0..=1, default_missing_value = "on", value_parser = fused_arg)]
     fused: Option<Request>,
+    /// The mode, spelt as MIXSTACK_PRECISION: the GEMM stages' kernels of
+    /// that mode (the row stages stay exact), in the plan and the table.
+    #[arg(long, default_value = "exact", value_parser = precision_arg)]
+    precision: Precision,
     /// Plan as if cuBLAS were not available (it is taken where it serves).
     #[arg(long)]
     no_cublas: bool,
@@ -61,6 +66,11 @@ fn fused_arg(s: &str) -> Result<Request, String> {
     parse_switch(Some(s)).map_err(|_| SWITCH_SPELLINGS.to_string())
 }
 
+/// `--precision` by the runtime's own parser ([`parse_precision`]).
+fn precision_arg(s: &str) -> Result<Precision, String> {
+    parse_precision(Some(s)).map_err(|_| PRECISION_SPELLINGS.to_string())
+}
+
 /// `--cap` by the runtime's own parser ([`chunk::parse_cap`]).
 fn cap_arg(s: &str) -> Result<u64, String> {
     chunk::parse_cap(s).map_err(|_| chunk::CAP_SPELLINGS.to_string())
@@ -74,7 +84,7 @@ fn dispatch(a: &PlanArgs) -> Result<&'static Dispatch<'static>, Box<dyn std::err
         None => d,
     };
     let smem = a.smem.unwrap_or(d.arch().max_smem() as u64);
-    Ok(Box::leak(Box::new(d.with_smem_limit(Some(smem)).with_gpu(gpu))))
+    Ok(Box::leak(Box::new(d.with_smem_limit(Some(smem)).with_gpu(gpu).with_precision(a.precision))))
 }
 
 /// `mixstack report --gpu NAME --cc N`: each key's kernel on that GPU, and
@@ -85,10 +95,11 @@ pub fn gpu_table(a: &PlanArgs) -> CliResult {
     let cc = a.cc.map_or("the newest built".to_string(), |c| format!("{}.{}", c / 10, c % 10));
     let built: Vec<&str> = d.archs().iter().map(|a| a.as_str()).collect();
     println!(
-        "# dispatch on {name}, compute capability {cc}: the {} kernels (built: {}; the newest not newer than the device), smem {} B: kernel, and why",
+        "# dispatch on {name}, compute capability {cc}: the {} kernels (built: {}; the newest not newer than the device), smem {} B, precision {}: kernel, and why",
         d.arch(),
         built.join(", "),
-        d.smem_limit().unwrap_or(0)
+        d.smem_limit().unwrap_or(0),
+        d.precision().as_str()
     );
     let (lo, hi) = d.lmax_range();
     for dtype in [Dtype::F32, Dtype::F64] {
@@ -111,6 +122,7 @@ pub fn run(a: &PlanArgs) -> CliResult {
         return Err("--e 0: a call with no edge runs no step".into());
     }
     let d = dispatch(a)?;
+    d.check_precision(dtype, a.cf as u32)?;
     let shape = StackShape::new(a.f, a.cf, a.lmax, a.layers);
     match dtype {
         Dtype::F32 => validate_shape::<f32>(d, &shape)?,
@@ -122,8 +134,13 @@ pub fn run(a: &PlanArgs) -> CliResult {
     let gpu = a.gpu.as_deref().map_or(String::new(), |g| format!(", GPU {g:?}"));
     let arch = d.arch();
     println!(
-        "# plan: {dtype} F {} Cf {} lmax {} layers {} E {}{gpu}, {arch}; {machine:?}",
-        a.f, a.cf, a.lmax, a.layers, a.e
+        "# plan: {dtype} F {} Cf {} lmax {} layers {} E {}{gpu}, {arch}, precision {}; {machine:?}",
+        a.f,
+        a.cf,
+        a.lmax,
+        a.layers,
+        a.e,
+        a.precision.as_str()
     );
     print!("## forward\n{}", planner.forward(a.e, true, &tiles, &machine)?);
     let choice = planner.backward_choice(a.fused.unwrap_or(Request::Off), &tiles, machine.cublas)?;

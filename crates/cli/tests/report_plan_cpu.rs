@@ -52,3 +52,33 @@ fn shapes_no_call_could_take_are_refused_before_planning() {
         assert!(!ok && err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// `--precision` takes MIXSTACK_PRECISION's spellings: the plan and the
+/// dispatch table name the mode's GEMM kernels (`_x3`), a dtype the mode
+/// does not serve is the runtime's typed refusal, a bad spelling is refused
+/// naming the spellings.
+#[test]
+fn precision_picks_the_modes_kernels() {
+    let plan_with = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_mixstack")).args(["report", "--plan"]).args(args).output().unwrap();
+        let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), format!("{o}{e}"))
+    };
+    let (ok, text) = plan_with(&["--precision", "fp16x3"]);
+    assert!(ok && text.contains("precision fp16x3"), "{text}");
+    let launches: Vec<&str> = text.lines().filter(|l| l.contains("launch ms_fwd_m1_")).collect();
+    assert!(!launches.is_empty() && launches.iter().all(|l| l.contains("_x3 ")), "{text}");
+    let (ok, text) = plan_with(&["--precision", "exact"]);
+    assert!(ok && text.contains("launch ms_fwd_m1_") && !text.contains("_x3 "), "{text}");
+    let (ok, text) = plan_with(&["--precision", "fp16x3", "--dtype", "f64"]);
+    assert!(!ok && text.contains("f32 only"), "{text}");
+    let (ok, text) = plan_with(&["--precision", "fp17"]);
+    assert!(!ok && text.contains("exact or fp16x3"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_mixstack"))
+        .args(["report", "--gpu", "NVIDIA H200", "--precision", "fp16x3"])
+        .output()
+        .expect("run mixstack");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && table.contains("precision fp16x3"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("fwd_m1 ") && l.contains("_x3 ")), "{table}");
+}
