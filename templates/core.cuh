@@ -120,6 +120,15 @@ template <typename Epi>
 struct IsStaged : std::false_type {};
 template <typename Load, typename Store>
 struct IsStaged<Staged<Load, Store>> : std::true_type {};
+// Any epilogue as a staged one: a plain epi(e, n, v) loads nothing first.
+template <typename Epi>
+__device__ __forceinline__ auto as_staged(Epi& epi) {
+  if constexpr (IsStaged<Epi>::value) {
+    return epi;
+  } else {
+    return staged([](i64, int) { return 0; }, [&epi](i64 e, int n, const float* v, int) { epi(e, n, v); });
+  }
+}
 
 template <int THREADS, int U, typename Load, typename Use>
 __device__ __forceinline__ void batched(int n, Load load, Use use) {
@@ -1555,6 +1564,7 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(BM % 64 == 0 && BN == 64 && BK % 16 == 0, "a warpgroup per 64 rows, m64n64k16 (checked by the spec)");
   constexpr int SG = BM > 128 ? 2 : BN / 8;
+  auto ep = as_staged(epi);
   constexpr int AK = S::a_pitch, SLOT = 64 * AK;
   const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
   float* ring = smem_at<float>(S::a_tile) + wgi * STAGES * SLOT;
@@ -1624,30 +1634,25 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
-      if constexpr (IsStaged<Epi>::value) {
-        // SG fragments' epilogue loads first, then their stores: two at
-        // block_m 192 (168 registers, where eight spill), all eight below.
-        // (The rule goes by block_m, not the register cap: at block_m 64
-        // and three blocks per SM fwd_m1 spills with eight and is rejected.)
+      // SG fragments' epilogue loads first, then their stores: two at
+      // block_m 192 (168 registers, where eight spill), all eight below.
+      // (The rule goes by block_m, not the register cap: at block_m 64 and
+      // three blocks per SM fwd_m1 spills with eight and is rejected.)
 #pragma unroll
-        for (int j0 = 0; j0 < BN / 8; j0 += SG) {
-          decltype(epi.load(e16, 0)) x[SG];
+      for (int j0 = 0; j0 < BN / 8; j0 += SG) {
+        decltype(ep.load(e16, 0)) x[SG];
 #pragma unroll
-          for (int j = 0; j < SG; ++j) {
-            i64 e;
-            int n;
-            x3::frag_at(e16, cw.n * BN + (j0 + j) * 8, lane, e, n);
-            if (e < E && n < N) x[j] = epi.load(e, n);
-          }
-#pragma unroll
-          for (int j = 0; j < SG; ++j) {
-            auto st = [&](i64 e, int n, const float* v) { epi.store(e, n, v, x[j]); };
-            x3::store_frag(acc + 4 * (j0 + j), e16, cw.n * BN + (j0 + j) * 8, lane, E, N, st);
-          }
+        for (int j = 0; j < SG; ++j) {
+          i64 e;
+          int n;
+          x3::frag_at(e16, cw.n * BN + (j0 + j) * 8, lane, e, n);
+          if (e < E && n < N) x[j] = ep.load(e, n);
         }
-      } else {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, epi);
+        for (int j = 0; j < SG; ++j) {
+          auto st = [&](i64 e, int n, const float* v) { ep.store(e, n, v, x[j]); };
+          x3::store_frag(acc + 4 * (j0 + j), e16, cw.n * BN + (j0 + j) * 8, lane, E, N, st);
+        }
       }
       ckt = 0;
       cw.step(dm, dn, ntn);
