@@ -1563,8 +1563,8 @@ template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename
 __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(BM % 64 == 0 && BN == 64 && BK % 16 == 0, "a warpgroup per 64 rows, m64n64k16 (checked by the spec)");
-  constexpr int SG = BM > 128 ? 2 : BN / 8;
-  auto ep = as_staged(epi);
+  constexpr int SG = S::epi_batch;  // the staged epilogue's batch (kinds: Geometry::epi_batch)
+  static_assert(SG > 0 && (BN / 8) % SG == 0, "whole batches of m16n8 fragments");
   constexpr int AK = S::a_pitch, SLOT = 64 * AK;
   const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
   float* ring = smem_at<float>(S::a_tile) + wgi * STAGES * SLOT;
@@ -1634,24 +1634,30 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
-      // SG fragments' epilogue loads first, then their stores: two at
-      // block_m 192 (168 registers, where eight spill), all eight below.
-      // (The rule goes by block_m, not the register cap: at block_m 64 and
-      // three blocks per SM fwd_m1 spills with eight and is rejected.)
+      // SG fragments' epilogue loads first, then their stores: all eight
+      // where the register cap allows, else two at a time; one: each
+      // fragment's loads after its shuffles, as a plain epilogue runs (at
+      // 128 registers, the batch's order spills).
+      if constexpr (SG == 1) {
 #pragma unroll
-      for (int j0 = 0; j0 < BN / 8; j0 += SG) {
-        decltype(ep.load(e16, 0)) x[SG];
+        for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, epi);
+      } else {
+        auto ep = as_staged(epi);
 #pragma unroll
-        for (int j = 0; j < SG; ++j) {
-          i64 e;
-          int n;
-          x3::frag_at(e16, cw.n * BN + (j0 + j) * 8, lane, e, n);
-          if (e < E && n < N) x[j] = ep.load(e, n);
-        }
+        for (int j0 = 0; j0 < BN / 8; j0 += SG) {
+          decltype(ep.load(e16, 0)) x[SG];
 #pragma unroll
-        for (int j = 0; j < SG; ++j) {
-          auto st = [&](i64 e, int n, const float* v) { ep.store(e, n, v, x[j]); };
-          x3::store_frag(acc + 4 * (j0 + j), e16, cw.n * BN + (j0 + j) * 8, lane, E, N, st);
+          for (int j = 0; j < SG; ++j) {
+            i64 e;
+            int n;
+            x3::frag_at(e16, cw.n * BN + (j0 + j) * 8, lane, e, n);
+            if (e < E && n < N) x[j] = ep.load(e, n);
+          }
+#pragma unroll
+          for (int j = 0; j < SG; ++j) {
+            auto st = [&](i64 e, int n, const float* v) { ep.store(e, n, v, x[j]); };
+            x3::store_frag(acc + 4 * (j0 + j), e16, cw.n * BN + (j0 + j) * 8, lane, E, N, st);
+          }
         }
       }
       ckt = 0;

@@ -463,11 +463,22 @@ __device__ __forceinline__ void bwd_gemm(const T* __restrict__ gz, const T* __re
   const int off = seg ? d.M0 : 0, K = seg ? d.M1 : d.M0;
   const i64 base = (i64)f * E * d.ROW + off;
   SurfaceA<T> a{gz + base, d.ROW};
+  constexpr int W = Vec<T>::W;
+  using X = Regs<T, W>;  // the residual g
   gemm<T, BM, BN, BK, TM, TN, STAGES, PIPE, PREC, S>(
-      E, K, K, wt + (i64)f * K * K, a, [&](i64 e, int n, const T* v) {
-        const i64 at = base + e * d.ROW + n;
-        store_residual<T>(g_next + at, g + at, v);
-      });
+      E, K, K, wt + (i64)f * K * K, a,
+      staged(
+          [&](i64 e, int n) {
+            X x;
+            Vec<T>::ldg(g + base + e * d.ROW + n, x.v);
+            return x;
+          },
+          [&](i64 e, int n, const T* v, const X& x) {
+            T y[W];
+#pragma unroll
+            for (int w = 0; w < W; ++w) y[w] = op_residual<T>(x.v[w], v[w]);
+            Vec<T>::store(g_next + base + e * d.ROW + n, y);
+          }));
 }
 
 // Both fused A operands' per-row work: what the relay's recompute and

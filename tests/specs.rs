@@ -867,7 +867,9 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     let s = spec::load(&crate_dir().join("specs")).unwrap();
     let exp = expand(&s, None).unwrap();
     let wg: Vec<_> = exp.instances.iter().filter(|i| i.geometry.pipe() == Some(Pipe::Wgmma)).collect();
+    let r = Renderer::new(&crate_dir().join("templates")).unwrap();
     let mut relay_rows = std::collections::BTreeSet::new();
+    let mut batches = std::collections::BTreeSet::new();
     assert!(wg.iter().any(|i| i.stage != Stage::BwdFused), "the relay's pipe wgmma instances are built");
     assert!(wg.iter().any(|i| i.stage == Stage::BwdFused), "the fused pipe wgmma instances are built");
     for i in wg {
@@ -890,11 +892,26 @@ fn wgmma_tiles_are_built_for_sm_90a() {
             assert_eq!(i.layout.fixed, (stages * block_m * (block_k + 8) * 4).div_ceil(16) * 16, "{}", i.name);
             assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * 64), "{}", i.name);
             relay_rows.insert(block_m);
+            // the staged epilogue's batch, by the register cap: eight fragments
+            // from 224, two from 136, one below
+            let (cap, batch) = (i.geometry.launch_regs(), i.geometry.epi_batch().unwrap());
+            let want = match cap {
+                224.. => 8,
+                136..=223 => 2,
+                _ => 1,
+            };
+            assert_eq!(batch, want, "{}", i.name);
+            assert!(r.instance(i).unwrap().contains(&format!("epi_batch = {batch};")), "{}", i.name);
+            batches.insert(batch);
+        }
+        if i.stage == Stage::BwdFused {
+            assert!(!r.instance(i).unwrap().contains("epi_batch"), "{}: gemm_wg's alone", i.name);
         }
         assert_wgmma_ptx(&i.name);
     }
     // the relay's tiles of one, two and three warpgroups are built, not pruned
     assert_eq!(relay_rows.into_iter().collect::<Vec<_>>(), [64, 128, 192]);
+    assert_eq!(batches.into_iter().collect::<Vec<_>>(), [1, 2, 8], "tiles of each batch are built");
     // In the fused set a block_m 192 tile loads, and expand prunes it, saying why.
     let fused = "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 2, min_blocks: 1, pipe: wgmma";
     assert_eq!(std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap().matches(fused).count(), 1);

@@ -22,6 +22,7 @@ struct Smem {
   static constexpr int glog_rows = -1;
   static constexpr int panel = -1;
   static constexpr int producers = 0;
+  static constexpr int epi_batch = 2;
 };
 }  // namespace
 

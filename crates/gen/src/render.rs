@@ -4,7 +4,7 @@
 use super::expand::Instance;
 use super::spec::{Kind, Specs};
 use super::vocab::{primitive, PRIMITIVES};
-use crate::kinds::{Dtype, Geometry};
+use crate::kinds::{Dtype, Geometry, Variant};
 use crate::params::Param;
 use serde::Serialize;
 use std::path::Path;
@@ -187,6 +187,13 @@ impl Renderer {
         // stay as they were).
         if let Some((p, c)) = inst.geometry.setmaxnreg() {
             consts.extend([("producer_regs", p.into()), ("consumer_regs", c.into())]);
+        }
+        // gemm_wg's staged-epilogue batch, only in its instances (the relay's
+        // wgmma tiles).
+        if inst.variant == Variant::Relay {
+            if let Some(b) = inst.geometry.epi_batch() {
+                consts.push(("epi_batch", b.into()));
+            }
         }
         // The split B chunks of the fused wgmma walks, likewise only where they are.
         if let Some(b) = l.b_split {

@@ -427,6 +427,21 @@ impl Geometry {
         let per_thread = REGISTER_FILE / (self.threads().max(1) as u64 * min_blocks.max(1) as u64);
         (per_thread.min(255) as u32) / 8 * 8
     }
+    /// Fragments per batch of gemm_wg's staged epilogue (pipe: wgmma, the
+    /// relay core): their loads issue together, then their stores. By the
+    /// register cap ([`Geometry::launch_regs`]): all of a 64-column tile's
+    /// eight from 224 (fwd_m1 at block_m 128, one block per SM: 219
+    /// registers), two from 136 (block_m 192 and three blocks of 64 rows per
+    /// SM: 168, where eight spill), one below (two blocks per SM: 128, where
+    /// bwd_gemm spills with two). `None`: not a gemm_wg tile.
+    pub fn epi_batch(&self) -> Option<u32> {
+        match (*self, self.launch_regs()) {
+            (Geometry::Gemm { bn, pipe: Pipe::Wgmma, .. }, r) if r >= 224 => Some(bn / 8),
+            (Geometry::Gemm { pipe: Pipe::Wgmma, .. }, r) if r >= 136 => Some(2),
+            (Geometry::Gemm { pipe: Pipe::Wgmma, .. }, _) => Some(1),
+            _ => None,
+        }
+    }
     /// `setmaxnreg`'s two counts, (producers, consumers), where the tile
     /// sets `regs` (pipe: split, the only walk whose producer warpgroup
     /// gives registers away): the consumers take `regs` each and the producers keep
