@@ -159,7 +159,7 @@ if [ -n "${NCU_K:-}" ]; then
     > "$OUT/r/ncu_run.log" 2>&1; echo "ncu rc=$?"
   ncu -i "$OUT/r/ncu.ncu-rep" --page details > "$OUT/r/ncu_details.txt" 2>&1
   ncu -i "$OUT/r/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/r/ncu_sass.csv" 2>&1
-  grep -E "^  [a-z_]|Duration|Issue Slots|Issued Ipc|FMA|Theoretical Occ|Achieved Occ|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/r/ncu_details.txt" | head -60
+  grep -E "^  [a-z_]|Duration|Issue Slots|Issued Ipc|FMA|Theoretical Occ|Achieved Occ|Warp Cycles Per Issued|Registers Per|Block Limit|DRAM Throughput|L2 Hit|L1/TEX Hit|No Eligible|Active Warps Per|Eligible Warps" "$OUT/r/ncu_details.txt" | head -90
 fi
 if [ -n "$bg" ]; then wait "$bg"; cat "$OUT/r/bg/out.txt"; fi
 tar -C "$OUT/r" -czf "$OUT/results.tar.gz" . && rm -rf "$OUT/r"
