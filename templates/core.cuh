@@ -1040,44 +1040,62 @@ __device__ __forceinline__ void keep(unsigned (&a)[S][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
 }
-// One K chunk of a warpgroup's 64 x BN tile: acc += A_chunk B_chunk with
-// x3::chunk's products and fold, so the same bits. A: the ring's row-major
-// chunk (pitch AK), warp w's rows 16 w.., scaled and split in registers; B:
-// fp16 head and tail core matrices in shared memory (bh, bt at the chunk's
-// first k group; n groups sbo bytes apart, k groups 128). Sm_90a.
-template <int BK, int AK, int BN>
-__device__ __forceinline__ void chunk(float (&acc)[BN / 2], const float* As, const unsigned short* bh,
-                                      const unsigned short* bt, unsigned sbo, int warp, int lane) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(BN == 64, "m64n64k16");
-  const float* a0 = As + (warp * 16 + lane / 4) * AK + 2 * (lane % 4);  // row g; g + 8 at + 8 AK
-  float s[2], inv[2];
-  x3::row_scales<BK, AK>(a0, s, inv);
+// A warpgroup's A chunk, scaled and split in registers (x3::row_scales,
+// x3::split_a): the ring's row-major chunk (pitch AK), warp w's rows 16 w..
+// One split serves every 64-column tile the chunk multiplies.
+template <int BK>
+struct SplitA {
+  float inv[2];
   unsigned ah[BK / 16][4], al[BK / 16][4];
+};
+template <int BK, int AK>
+__device__ __forceinline__ void split(SplitA<BK>& sa, const float* As, int warp, int lane) {
+  const float* a0 = As + (warp * 16 + lane / 4) * AK + 2 * (lane % 4);  // row g; g + 8 at + 8 AK
+  float s[2];
+  x3::row_scales<BK, AK>(a0, s, sa.inv);
 #pragma unroll
-  for (int ks = 0; ks < BK / 16; ++ks) x3::split_a<AK>(a0, ks, s, ah[ks], al[ks]);
-  float ph[BN / 2], pt[BN / 2];
+  for (int ks = 0; ks < BK / 16; ++ks) x3::split_a<AK>(a0, ks, s, sa.ah[ks], sa.al[ks]);
+}
+// One 64-column tile of that chunk: acc += A_chunk B_chunk with x3::chunk's
+// products and fold, so the same bits. B: fp16 head and tail core matrices
+// in shared memory (bh, bt at the chunk's first k group; n groups sbo bytes
+// apart, k groups 128). Sm_90a.
+template <int BK>
+__device__ __forceinline__ void tile(float (&acc)[32], SplitA<BK>& sa, const unsigned short* bh,
+                                     const unsigned short* bt, unsigned sbo) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float ph[32], pt[32];
   keep(ph);
   keep(pt);
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int ks = 0; ks < BK / 16; ++ks) {
     const unsigned long long dh = desc(bh + ks * 128, 128, sbo), dt = desc(bt + ks * 128, 128, sbo);
-    mma_n64(ph, ah[ks], dh, ks);
-    mma_n64(pt, ah[ks], dt, ks);
-    mma_n64(pt, al[ks], dh, 1);
+    mma_n64(ph, sa.ah[ks], dh, ks);
+    mma_n64(pt, sa.ah[ks], dt, ks);
+    mma_n64(pt, sa.al[ks], dh, 1);
   }
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   keep(ph);
   keep(pt);
-  keep(ah);
-  keep(al);
+  keep(sa.ah);
+  keep(sa.al);
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
+  for (int i = 0; i < 32; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), sa.inv[(i % 4) / 2], acc[i]);
 #else
   __trap();  // sm_90a only (the spec's archs and the instance's target)
 #endif
+}
+// One K chunk of a warpgroup's 64 x 64 tile (the fused wgmma walks): the
+// split, then the tile's products and fold.
+template <int BK, int AK, int BN>
+__device__ __forceinline__ void chunk(float (&acc)[BN / 2], const float* As, const unsigned short* bh,
+                                      const unsigned short* bt, unsigned sbo, int warp, int lane) {
+  static_assert(BN == 64, "m64n64k16");
+  SplitA<BK> sa;
+  split<BK, AK>(sa, As, warp, lane);
+  tile<BK>(acc, sa, bh, bt, sbo);
 }
 }  // namespace wg
 
@@ -1557,14 +1575,19 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 // x3::split_a) and issues each k16 step's three products as m64n64k16
 // wgmmas (ph = ah bh, pt = ah bl + al bh, fresh at the chunk's first step),
 // folded per chunk as x3::chunk folds them. Columns past N are zeros in the
-// panel and never stored.
+// panel and never stored. A block's column tile is BN wide, BN / 64
+// wgmma tiles of 64 (wg::tile each, in turn) under one split of each A
+// chunk: at BN >= N every row's A is read once, not once per 64 columns
+// (fwd_m1 at 64 was bound by L2 throughput, 89.7% with DRAM at 64.5%:
+// BENCH.md run 138).
 
 template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(BM % 64 == 0 && BN == 64 && BK % 16 == 0, "a warpgroup per 64 rows, m64n64k16 (checked by the spec)");
+  static_assert(BM % 64 == 0 && BN % 64 == 0 && BK % 16 == 0, "a warpgroup per 64 rows, m64n64k16 (checked by the spec)");
+  constexpr int NT = BN / 64;       // 64-column tiles per block, one A split for all
   constexpr int SG = S::epi_batch;  // the staged epilogue's batch (kinds: Geometry::epi_batch)
-  static_assert(SG > 0 && (BN / 8) % SG == 0, "whole batches of m16n8 fragments");
+  static_assert(SG > 0 && 8 % SG == 0, "whole batches of a tile's m16n8 fragments");
   constexpr int AK = S::a_pitch, SLOT = 64 * AK;
   const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
   float* ring = smem_at<float>(S::a_tile) + wgi * STAGES * SLOT;
@@ -1615,9 +1638,11 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     __syncthreads();
   };
   prime_ring<STAGES>(lq, nq, load_next);
-  float acc[BN / 2];
+  float acc[NT][32];
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[j][i] = 0.f;
   int panel_n = -1, ckt = 0, cst = 0;
   for (i64 q = 0; q < nq; ++q) {
     if (ckt == 0 && cw.n != panel_n) {  // block-uniform: every warpgroup walks the same tiles
@@ -1629,8 +1654,14 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     bar_sync(1 + wgi, 128);  // chunk q is in for the warpgroup; slot (q - 1) % STAGES is free
     if (lq < nq) load_next();
     cp_async_commit();
+    // Column tile j's core matrices start j * 64 * K halves into the panel
+    // (wg::at); tiles past N are skipped (block-uniform).
     const unsigned short* bh = panel + ckt * BK / 8 * 64;
-    wg::chunk<BK, AK, BN>(acc, ring + cst * SLOT, bh, bh + BN * K, (K / 8) * 128, warp, lane);
+    wg::SplitA<BK> sa;
+    wg::split<BK, AK>(sa, ring + cst * SLOT, warp, lane);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      if (j == 0 || cw.n * BN + j * 64 < N) wg::tile<BK>(acc[j], sa, bh + j * 64 * K, bh + (j * 64 + BN) * K, (K / 8) * 128);
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
@@ -1638,25 +1669,31 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
       // where the register cap allows, else two at a time; one: each
       // fragment's loads after its shuffles, as a plain epilogue runs (at
       // 128 registers, the batch's order spills).
-      if constexpr (SG == 1) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) x3::store_frag(acc + 4 * j, e16, cw.n * BN + j * 8, lane, E, N, epi);
-      } else {
-        auto ep = as_staged(epi);
+      for (int jt = 0; jt < NT; ++jt) {
+        const int n0 = cw.n * BN + jt * 64;
+        if (jt > 0 && n0 >= N) break;  // block-uniform
+        float* c = acc[jt];
+        if constexpr (SG == 1) {
 #pragma unroll
-        for (int j0 = 0; j0 < BN / 8; j0 += SG) {
-          decltype(ep.load(e16, 0)) x[SG];
+          for (int j = 0; j < 8; ++j) x3::store_frag(c + 4 * j, e16, n0 + j * 8, lane, E, N, epi);
+        } else {
+          auto ep = as_staged(epi);
 #pragma unroll
-          for (int j = 0; j < SG; ++j) {
-            i64 e;
-            int n;
-            x3::frag_at(e16, cw.n * BN + (j0 + j) * 8, lane, e, n);
-            if (e < E && n < N) x[j] = ep.load(e, n);
-          }
+          for (int j0 = 0; j0 < 8; j0 += SG) {
+            decltype(ep.load(e16, 0)) x[SG];
 #pragma unroll
-          for (int j = 0; j < SG; ++j) {
-            auto st = [&](i64 e, int n, const float* v) { ep.store(e, n, v, x[j]); };
-            x3::store_frag(acc + 4 * (j0 + j), e16, cw.n * BN + (j0 + j) * 8, lane, E, N, st);
+            for (int j = 0; j < SG; ++j) {
+              i64 e;
+              int n;
+              x3::frag_at(e16, n0 + (j0 + j) * 8, lane, e, n);
+              if (e < E && n < N) x[j] = ep.load(e, n);
+            }
+#pragma unroll
+            for (int j = 0; j < SG; ++j) {
+              auto st = [&](i64 e, int n, const float* v) { ep.store(e, n, v, x[j]); };
+              x3::store_frag(c + 4 * (j0 + j), e16, n0 + (j0 + j) * 8, lane, E, N, st);
+            }
           }
         }
       }

@@ -870,6 +870,7 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     let r = Renderer::new(&crate_dir().join("templates")).unwrap();
     let mut relay_rows = std::collections::BTreeSet::new();
     let mut batches = std::collections::BTreeSet::new();
+    let mut relay_cols = std::collections::BTreeSet::new();
     assert!(wg.iter().any(|i| i.stage != Stage::BwdFused), "the relay's pipe wgmma instances are built");
     assert!(wg.iter().any(|i| i.stage == Stage::BwdFused), "the fused pipe wgmma instances are built");
     for i in wg {
@@ -886,18 +887,19 @@ fn wgmma_tiles_are_built_for_sm_90a() {
         } else {
             // gemm_wg: a warpgroup per 64 rows, each its ring of `stages` chunks of 64 rows at
             // pitch block_k + 8 floats (core.cuh places warpgroup w's at w * stages * 64 rows);
-            // then the B panel, 8 * BN bytes per gate column
-            let Geometry::Gemm { block_m, block_k, stages, .. } = i.geometry else { unreachable!() };
+            // then the B panel, 8 * BN bytes per gate column (BN / 64 wgmma tiles)
+            let Geometry::Gemm { block_m, bn, block_k, stages, .. } = i.geometry else { unreachable!() };
             assert_eq!(i.layout.a_tile, Some(0), "{}", i.name);
             assert_eq!(i.layout.fixed, (stages * block_m * (block_k + 8) * 4).div_ceil(16) * 16, "{}", i.name);
-            assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * 64), "{}", i.name);
+            assert_eq!((i.layout.b_tile, i.layout.per_lg), (Some(i.layout.fixed), 8 * bn), "{}", i.name);
             relay_rows.insert(block_m);
+            relay_cols.insert(bn);
             // the staged epilogue's batch, by the register cap: eight fragments
-            // from 224, two from 136, one below
+            // from 224 (one column tile's accumulators), two from 136, one below
             let (cap, batch) = (i.geometry.launch_regs(), i.geometry.epi_batch().unwrap());
             let want = match cap {
-                224.. => 8,
-                136..=223 => 2,
+                224.. if bn == 64 => 8,
+                136.. => 2,
                 _ => 1,
             };
             assert_eq!(batch, want, "{}", i.name);
@@ -912,6 +914,7 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     // the relay's tiles of one, two and three warpgroups are built, not pruned
     assert_eq!(relay_rows.into_iter().collect::<Vec<_>>(), [64, 128, 192]);
     assert_eq!(batches.into_iter().collect::<Vec<_>>(), [1, 2, 8], "tiles of each batch are built");
+    assert_eq!(relay_cols.into_iter().collect::<Vec<_>>(), [64, 128, 192], "one, two and three column tiles");
     // In the fused set a block_m 192 tile loads, and expand prunes it, saying why.
     let fused = "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 2, min_blocks: 1, pipe: wgmma";
     assert_eq!(std::fs::read_to_string(crate_dir().join("specs/tiles.yaml")).unwrap().matches(fused).count(), 1);
@@ -920,6 +923,12 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     let why =
         pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused_") && p.name.contains("_m192_n64_k32_t8x4_s2_b1_pg"));
     assert!(why.is_some_and(|p| p.reason.contains("one or two warpgroups")), "{pruned:?}");
+    // and one wider than 64 columns: gemm_wg's alone
+    let dir = specs_with("tiles.yaml", |t| t.replacen(fused, &fused.replace("bn: 64", "bn: 128"), 1));
+    let pruned = expand(&spec::load(&dir).unwrap(), None).unwrap().pruned;
+    let why =
+        pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused_") && p.name.contains("_m128_n128_k32_t8x4_s2_b1_pg"));
+    assert!(why.is_some_and(|p| p.reason.contains("bn 64")), "{pruned:?}");
     // Refused outside what the wgmma walks are written for, naming the field.
     for (from, to, want) in [
         (
@@ -930,7 +939,7 @@ fn wgmma_tiles_are_built_for_sm_90a() {
         (
             "block_m: 128, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
             "block_m: 128, bn: 96, block_k: 32, tm: 8, tn: 4, stages: 4, min_blocks: 1, pipe: wgmma",
-            "bn 64",
+            "bn 64, 128 or 192",
         ),
         ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, precision: fp16x3", "archs [sm_90]"),
         ("pipe: wgmma, precision: fp16x3, archs: [sm_90]", "pipe: wgmma, archs: [sm_90]", "run the fp16x3 products"),

@@ -918,8 +918,11 @@ impl Specs {
             if !matches!(t.block_m, 64 | 128 | 192) {
                 return bad("block_m", "pipe wgmma and split_wgmma: block_m 64, 128 or 192 (a warpgroup per 64 rows)");
             }
-            if t.bn != 64 {
-                return bad("bn", "pipe wgmma and split_wgmma: bn 64 (m64n64k16)");
+            // pipe wgmma: one A split for bn / 64 m64n64k16 tiles (gemm_wg;
+            // the fused set takes 64: expand.rs prunes the rest there)
+            let split = t.pipe == Pipe::SplitWgmma;
+            if !matches!(t.bn, 64 | 128 | 192) || (split && t.bn != 64) {
+                return bad("bn", "pipe wgmma: bn 64, 128 or 192 (m64n64k16 tiles); split_wgmma: bn 64");
             }
         }
         if t.pipe.wgmma() && t.archs.as_deref() != Some(&[Arch::Sm90][..]) {

@@ -391,6 +391,9 @@ impl Geometry {
     /// tile each (pipe ws / split: the consumers); a row stage's threads.
     pub fn consumer_threads(&self) -> u32 {
         match *self {
+            // a warpgroup per 64 rows, whatever the columns (gemm_wg runs
+            // BN / 64 tiles of 64 in turn)
+            Geometry::Gemm { block_m, pipe: Pipe::Wgmma | Pipe::SplitWgmma, .. } => 2 * block_m,
             Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
             Geometry::Rows { threads, .. } => threads,
         }
@@ -431,12 +434,14 @@ impl Geometry {
     /// relay core): their loads issue together, then their stores. By the
     /// register cap ([`Geometry::launch_regs`]): all of a 64-column tile's
     /// eight from 224 (fwd_m1 at block_m 128, one block per SM: 219
-    /// registers), two from 136 (block_m 192 and three blocks of 64 rows per
-    /// SM: 168, where eight spill), one below (two blocks per SM: 128, where
-    /// bwd_gemm spills with two). `None`: not a gemm_wg tile.
+    /// registers) where the block holds one tile's accumulators (bn 64), two
+    /// from 136 (block_m 192 and three blocks of 64 rows per SM: 168, where
+    /// eight spill; bn 128 and 192: 32 more accumulators per tile), one
+    /// below (two blocks per SM: 128, where bwd_gemm spills with two).
+    /// `None`: not a gemm_wg tile.
     pub fn epi_batch(&self) -> Option<u32> {
         match (*self, self.launch_regs()) {
-            (Geometry::Gemm { bn, pipe: Pipe::Wgmma, .. }, r) if r >= 224 => Some(bn / 8),
+            (Geometry::Gemm { bn: 64, pipe: Pipe::Wgmma, .. }, r) if r >= 224 => Some(8),
             (Geometry::Gemm { pipe: Pipe::Wgmma, .. }, r) if r >= 136 => Some(2),
             (Geometry::Gemm { pipe: Pipe::Wgmma, .. }, _) => Some(1),
             _ => None,
