@@ -23,7 +23,7 @@ over() {
   echo "$o"
 }
 fv=(--forward-variant default) bv=(--variant relay)
-for t in m128_n64_k32_t8x4_s3_b1_ps_x3 $(PRECISION=fp16x3 bash scripts/instances.sh bwd_gemm "$cf" | grep -oE "m[0-9]+_n64_k[0-9]+_.*_pg_x3"); do
+for t in m128_n64_k32_t8x4_s3_b1_ps_x3 $(PRECISION=fp16x3 bash scripts/instances.sh bwd_gemm "$cf" | grep -oE "m[0-9]+_n[0-9]+_k[0-9]+_.*_pg_x3"); do
   f=$(over "$t" fwd_m0 fwd_m1 fwd_final) b=$(over "$t" bwd_gemm bwd_final)
   [ -n "$f" ] && fv+=(--forward-variant "$f")
   [ -n "$b" ] && bv+=(--variant "relay:$b")
