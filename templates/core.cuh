@@ -1087,6 +1087,50 @@ __device__ __forceinline__ void tile(float (&acc)[32], SplitA<BK>& sa, const uns
   __trap();  // sm_90a only (the spec's archs and the instance's target)
 #endif
 }
+// Two 64-column tiles of the chunk under one wait (gemm_wg at bn 128 and
+// 192): both tiles' products in flight together, each folded as tile()
+// folds it, so the same bits.
+template <int BK>
+__device__ __forceinline__ void tile2(float (&acc0)[32], float (&acc1)[32], SplitA<BK>& sa,
+                                      const unsigned short* bh0, const unsigned short* bt0,
+                                      const unsigned short* bh1, const unsigned short* bt1, unsigned sbo) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float ph0[32], pt0[32], ph1[32], pt1[32];
+  keep(ph0);
+  keep(pt0);
+  keep(ph1);
+  keep(pt1);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int ks = 0; ks < BK / 16; ++ks) {
+    const unsigned long long dh = desc(bh0 + ks * 128, 128, sbo), dt = desc(bt0 + ks * 128, 128, sbo);
+    mma_n64(ph0, sa.ah[ks], dh, ks);
+    mma_n64(pt0, sa.ah[ks], dt, ks);
+    mma_n64(pt0, sa.al[ks], dh, 1);
+  }
+#pragma unroll
+  for (int ks = 0; ks < BK / 16; ++ks) {
+    const unsigned long long dh = desc(bh1 + ks * 128, 128, sbo), dt = desc(bt1 + ks * 128, 128, sbo);
+    mma_n64(ph1, sa.ah[ks], dh, ks);
+    mma_n64(pt1, sa.ah[ks], dt, ks);
+    mma_n64(pt1, sa.al[ks], dh, 1);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  keep(ph0);
+  keep(pt0);
+  keep(ph1);
+  keep(pt1);
+  keep(sa.ah);
+  keep(sa.al);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc0[i] = fmaf(fmaf(pt0[i], x3::INV_TAIL, ph0[i]), sa.inv[(i % 4) / 2], acc0[i]);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc1[i] = fmaf(fmaf(pt1[i], x3::INV_TAIL, ph1[i]), sa.inv[(i % 4) / 2], acc1[i]);
+#else
+  __trap();  // sm_90a only (the spec's archs and the instance's target)
+#endif
+}
 // One K chunk of a warpgroup's 64 x 64 tile (the fused wgmma walks): the
 // split, then the tile's products and fold.
 template <int BK, int AK, int BN>
@@ -1659,9 +1703,19 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     const unsigned short* bh = panel + ckt * BK / 8 * 64;
     wg::SplitA<BK> sa;
     wg::split<BK, AK>(sa, ring + cst * SLOT, warp, lane);
+    // Two tiles at a time under one wait, the last alone where NT is odd
+    // or N ends inside the pair.
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      if (j == 0 || cw.n * BN + j * 64 < N) wg::tile<BK>(acc[j], sa, bh + j * 64 * K, bh + (j * 64 + BN) * K, (K / 8) * 128);
+    for (int j = 0; j < NT; j += 2) {
+      const unsigned sbo = (K / 8) * 128;
+      const unsigned short* b0 = bh + j * 64 * K;
+      const int j1 = j + 1 < NT ? j + 1 : j;
+      if (j + 1 < NT && cw.n * BN + (j + 1) * 64 < N) {
+        wg::tile2<BK>(acc[j], acc[j1], sa, b0, b0 + BN * K, b0 + 64 * K, b0 + (64 + BN) * K, sbo);
+      } else if (j == 0 || cw.n * BN + j * 64 < N) {
+        wg::tile<BK>(acc[j], sa, b0, b0 + BN * K, sbo);
+      }
+    }
     cst = cst + 1 == STAGES ? 0 : cst + 1;
     if (++ckt == KT) {
       const i64 e16 = cw.m * BM + wgi * 64 + warp * 16;
