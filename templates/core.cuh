@@ -1056,18 +1056,15 @@ __device__ __forceinline__ void split(SplitA<BK>& sa, const float* As, int warp,
 #pragma unroll
   for (int ks = 0; ks < BK / 16; ++ks) x3::split_a<AK>(a0, ks, s, sa.ah[ks], sa.al[ks]);
 }
-// One 64-column tile of that chunk: acc += A_chunk B_chunk with x3::chunk's
-// products and fold, so the same bits. B: fp16 head and tail core matrices
-// in shared memory (bh, bt at the chunk's first k group; n groups sbo bytes
-// apart, k groups 128). Sm_90a.
+// One 64-column tile's products of that chunk, issued (the caller fences,
+// commits and waits): ph = ah bh, pt = ah bt + al bh over the chunk's k16
+// steps, fresh at the first. B: fp16 head and tail core matrices in shared
+// memory (bh, bt at the chunk's first k group; n groups sbo bytes apart, k
+// groups 128). Sm_90a.
 template <int BK>
-__device__ __forceinline__ void tile(float (&acc)[32], SplitA<BK>& sa, const unsigned short* bh,
-                                     const unsigned short* bt, unsigned sbo) {
+__device__ __forceinline__ void issue(float (&ph)[32], float (&pt)[32], const SplitA<BK>& sa,
+                                      const unsigned short* bh, const unsigned short* bt, unsigned sbo) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  float ph[32], pt[32];
-  keep(ph);
-  keep(pt);
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int ks = 0; ks < BK / 16; ++ks) {
     const unsigned long long dh = desc(bh + ks * 128, 128, sbo), dt = desc(bt + ks * 128, 128, sbo);
@@ -1075,21 +1072,45 @@ __device__ __forceinline__ void tile(float (&acc)[32], SplitA<BK>& sa, const uns
     mma_n64(pt, sa.ah[ks], dt, ks);
     mma_n64(pt, sa.al[ks], dh, 1);
   }
+#endif
+}
+// x3::chunk's fold: acc += (ph + pt 2^-11) inv.
+__device__ __forceinline__ void fold(float (&acc)[32], const float (&ph)[32], const float (&pt)[32],
+                                     const float (&inv)[2]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), inv[(i % 4) / 2], acc[i]);
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit_wait() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+#endif
+// One 64-column tile of that chunk: acc += A_chunk B_chunk with x3::chunk's
+// products and fold, so the same bits.
+template <int BK>
+__device__ __forceinline__ void tile(float (&acc)[32], SplitA<BK>& sa, const unsigned short* bh,
+                                     const unsigned short* bt, unsigned sbo) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float ph[32], pt[32];
+  keep(ph);
+  keep(pt);
+  fence();
+  issue<BK>(ph, pt, sa, bh, bt, sbo);
+  commit_wait();
   keep(ph);
   keep(pt);
   keep(sa.ah);
   keep(sa.al);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = fmaf(fmaf(pt[i], x3::INV_TAIL, ph[i]), sa.inv[(i % 4) / 2], acc[i]);
+  fold(acc, ph, pt, sa.inv);
 #else
   __trap();  // sm_90a only (the spec's archs and the instance's target)
 #endif
 }
-// Two 64-column tiles of the chunk under one wait (gemm_wg at bn 128 and
-// 192): both tiles' products in flight together, each folded as tile()
-// folds it, so the same bits.
+// Two 64-column tiles of the chunk under one wait (gemm_wg at bn 128):
+// both tiles' products in flight together, each folded as tile() folds it,
+// so the same bits.
 template <int BK>
 __device__ __forceinline__ void tile2(float (&acc0)[32], float (&acc1)[32], SplitA<BK>& sa,
                                       const unsigned short* bh0, const unsigned short* bt0,
@@ -1100,33 +1121,18 @@ __device__ __forceinline__ void tile2(float (&acc0)[32], float (&acc1)[32], Spli
   keep(pt0);
   keep(ph1);
   keep(pt1);
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-  for (int ks = 0; ks < BK / 16; ++ks) {
-    const unsigned long long dh = desc(bh0 + ks * 128, 128, sbo), dt = desc(bt0 + ks * 128, 128, sbo);
-    mma_n64(ph0, sa.ah[ks], dh, ks);
-    mma_n64(pt0, sa.ah[ks], dt, ks);
-    mma_n64(pt0, sa.al[ks], dh, 1);
-  }
-#pragma unroll
-  for (int ks = 0; ks < BK / 16; ++ks) {
-    const unsigned long long dh = desc(bh1 + ks * 128, 128, sbo), dt = desc(bt1 + ks * 128, 128, sbo);
-    mma_n64(ph1, sa.ah[ks], dh, ks);
-    mma_n64(pt1, sa.ah[ks], dt, ks);
-    mma_n64(pt1, sa.al[ks], dh, 1);
-  }
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  fence();
+  issue<BK>(ph0, pt0, sa, bh0, bt0, sbo);
+  issue<BK>(ph1, pt1, sa, bh1, bt1, sbo);
+  commit_wait();
   keep(ph0);
   keep(pt0);
   keep(ph1);
   keep(pt1);
   keep(sa.ah);
   keep(sa.al);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) acc0[i] = fmaf(fmaf(pt0[i], x3::INV_TAIL, ph0[i]), sa.inv[(i % 4) / 2], acc0[i]);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) acc1[i] = fmaf(fmaf(pt1[i], x3::INV_TAIL, ph1[i]), sa.inv[(i % 4) / 2], acc1[i]);
+  fold(acc0, ph0, pt0, sa.inv);
+  fold(acc1, ph1, pt1, sa.inv);
 #else
   __trap();  // sm_90a only (the spec's archs and the instance's target)
 #endif
