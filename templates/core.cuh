@@ -1626,8 +1626,8 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 // wgmmas (ph = ah bh, pt = ah bl + al bh, fresh at the chunk's first step),
 // folded per chunk as x3::chunk folds them. Columns past N are zeros in the
 // panel and never stored. A block's column tile is BN wide, BN / 64
-// wgmma tiles of 64 (wg::tile each, in turn) under one split of each A
-// chunk: at BN >= N every row's A is read once, not once per 64 columns
+// wgmma tiles of 64 (two at a time under one wait, wg::tile2; an odd one
+// or one past N alone, wg::tile) under one split of each A chunk: at BN >= N every row's A is read once, not once per 64 columns
 // (fwd_m1 at 64 was bound by L2 throughput, 89.7% with DRAM at 64.5%:
 // BENCH.md run 138).
 

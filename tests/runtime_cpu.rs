@@ -54,10 +54,7 @@ fn stream(block_m: u32, bn: u32, block_k: u32, tm: u32, tn: u32) -> Geometry {
 }
 
 fn threads_of(g: Geometry) -> u32 {
-    match g {
-        Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
-        Geometry::Rows { threads, .. } => threads,
-    }
+    g.threads()
 }
 
 /// An entry with the canonical name of docs/KERNELS.md.
@@ -835,6 +832,18 @@ fn geometry_wgmma_keeps_each_block_on_one_column_tile() {
     assert_eq!(launch_config(&e, 100, 256, 2, 128, Some(132)).unwrap().grid_dim, (4, 1, 2));
     // fewer resident blocks than column tiles: what there is
     assert_eq!(launch_config(&e, 646_000, 320, 1, 160, Some(3)).unwrap().grid_dim, (3, 1, 1));
+    // bn 128: still a warpgroup per 64 rows; N 192 is two column blocks
+    let wide = match g {
+        Geometry::Gemm { block_m, block_k, tm, tn, stages, min_blocks, pipe, precision, regs, .. } => {
+            Geometry::Gemm { block_m, bn: 128, block_k, tm, tn, stages, min_blocks, pipe, precision, regs }
+        }
+        _ => unreachable!(),
+    };
+    let e = entry(Stage::BwdGemm, Dtype::F32, 32, wide, true, true);
+    assert_eq!((wide.threads(), e.threads), (256, 256));
+    assert_eq!(launch_config(&e, 646_000, 192, 2, 96, Some(132)).unwrap().grid_dim, (66, 1, 2));
+    assert_eq!(launch_config(&e, 646_000, 128, 2, 64, Some(132)).unwrap().grid_dim, (66, 1, 2));
+    assert_eq!(launch_config(&e, 646_000, 192, 1, 96, Some(67)).unwrap().grid_dim, (66, 1, 1));
 }
 
 #[test]

@@ -929,6 +929,10 @@ fn wgmma_tiles_are_built_for_sm_90a() {
     let why =
         pruned.iter().find(|p| p.name.starts_with("ms_bwd_fused_") && p.name.contains("_m128_n128_k32_t8x4_s2_b1_pg"));
     assert!(why.is_some_and(|p| p.reason.contains("bn 64")), "{pruned:?}");
+    // Three warpgroups at bn 192 are 384 threads (not (block_m/tm) * (bn/tn)): loaded.
+    let m192 = "block_m: 192, bn: 64, block_k: 32, tm: 8, tn: 4, stages: 3, min_blocks: 1, pipe: wgmma";
+    let dir = specs_with("tiles.yaml", |t| t.replacen(m192, &m192.replace("bn: 64", "bn: 192"), 1));
+    assert!(spec::load(&dir).is_ok());
     // Refused outside what the wgmma walks are written for, naming the field.
     for (from, to, want) in [
         (

@@ -797,18 +797,15 @@ impl Specs {
                 // The block: the GEMM's threads, and the producers beside them
                 // with pipe: ws or split.
                 let producers = if t.pipe.has_producers() { crate::kinds::WS_PRODUCER_THREADS } else { 0 };
-                let threads = (t.block_m / t.tm)
-                    .checked_mul(t.bn / t.tn)
-                    .filter(|&n| n % 32 == 0 && n.checked_add(producers).is_some_and(|all| all <= THREADS));
-                if threads.is_none() {
-                    let n = (t.block_m / t.tm) as u64 * (t.bn / t.tn) as u64;
+                let n = crate::kinds::gemm_threads(t.block_m, t.bn, t.tm, t.tn, t.pipe);
+                if n % 32 != 0 || n + producers as u64 > THREADS as u64 {
                     let plus = if producers > 0 { format!(" (+ {producers} producers)") } else { String::new() };
+                    let how =
+                        if t.pipe.wgmma() { "2 * block_m (a warpgroup per 64 rows)" } else { "(block_m/tm) * (bn/tn)" };
                     return Err(self.invalid(
                         "tiles.yaml",
                         field("block_m"),
-                        format!(
-                            "(block_m/tm) * (bn/tn) = {n} threads{plus}: need a multiple of 32, at most {THREADS} in all"
-                        ),
+                        format!("{how} = {n} threads{plus}: need a multiple of 32, at most {THREADS} in all"),
                     ));
                 }
                 if let Some(regs) = t.regs {

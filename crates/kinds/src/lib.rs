@@ -373,6 +373,19 @@ pub enum Geometry {
     Rows { rows: u32, threads: u32, min_blocks: u32 },
 }
 
+/// The threads that run a GEMM tile (tiles.yaml's check and
+/// [`Geometry::consumer_threads`]): one per (tm x tn) piece of the tile, or
+/// with pipe wgmma and split_wgmma a warpgroup per 64 rows, whatever the
+/// columns (gemm_wg runs bn / 64 tiles of 64). u64: a spec's numbers may be
+/// anything.
+pub fn gemm_threads(block_m: u32, bn: u32, tm: u32, tn: u32, pipe: Pipe) -> u64 {
+    if pipe.wgmma() {
+        2 * block_m as u64
+    } else {
+        (block_m / tm.max(1)) as u64 * (bn / tn.max(1)) as u64
+    }
+}
+
 impl Geometry {
     pub fn threads(&self) -> u32 {
         match *self {
@@ -391,10 +404,9 @@ impl Geometry {
     /// tile each (pipe ws / split: the consumers); a row stage's threads.
     pub fn consumer_threads(&self) -> u32 {
         match *self {
-            // a warpgroup per 64 rows, whatever the columns (gemm_wg runs
-            // BN / 64 tiles of 64 in turn)
-            Geometry::Gemm { block_m, pipe: Pipe::Wgmma | Pipe::SplitWgmma, .. } => 2 * block_m,
-            Geometry::Gemm { block_m, bn, tm, tn, .. } => (block_m / tm) * (bn / tn),
+            Geometry::Gemm { block_m, bn, tm, tn, pipe, .. } => {
+                gemm_threads(block_m, bn, tm, tn, pipe).try_into().unwrap_or(u32::MAX)
+            }
             Geometry::Rows { threads, .. } => threads,
         }
     }
