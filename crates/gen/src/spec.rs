@@ -798,7 +798,7 @@ impl Specs {
                 // with pipe: ws or split.
                 let producers = if t.pipe.has_producers() { crate::kinds::WS_PRODUCER_THREADS } else { 0 };
                 let n = crate::kinds::gemm_threads(t.block_m, t.bn, t.tm, t.tn, t.pipe);
-                if n % 32 != 0 || n + producers as u64 > THREADS as u64 {
+                if !n.is_multiple_of(32) || n + producers as u64 > THREADS as u64 {
                     let plus = if producers > 0 { format!(" (+ {producers} producers)") } else { String::new() };
                     let how =
                         if t.pipe.wgmma() { "2 * block_m (a warpgroup per 64 rows)" } else { "(block_m/tm) * (bn/tn)" };
