@@ -6,6 +6,7 @@ stage's milliseconds over all its launches.
 Usage: scripts/per-kernel.py RUN.json [RUN.json ...]"""
 import collections
 import json
+import re
 import sys
 
 for f in sys.argv[1:]:
@@ -17,7 +18,8 @@ for f in sys.argv[1:]:
             agg = collections.OrderedDict()
             for stage, _, ms in v["per_kernel"]:
                 agg[stage] = agg.get(stage, 0.0) + ms
-            tiles = sorted({n.split("_cf", 1)[1].split("_", 1)[1] for _, n, _ in v["per_kernel"] if "_x3" in n or "_p" in n})
+            # the GEMM tiles (m.._n.._k..), not the row stages'
+            tiles = sorted({m.group(0) for _, n, _ in v["per_kernel"] if (m := re.search(r"m\d+_n\d+_k\d+_\w+", n))})
             base = base or v["median_ms"]
             stages = " ".join(f"{k} {x:.3f}" for k, x in agg.items())
             print(f"  {sec[:3]} {v['median_ms']:.3f} ({v['median_ms'] / base:.3f}) {' '.join(tiles)}: {stages}")

@@ -163,7 +163,7 @@ fn geometries(specs: &Specs, kind: Kind, set: &str, dtype: Dtype, cf: u32) -> Ve
 
 /// Why a tile cannot serve a stage at this Cf, on any arch.
 fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
-    if let Geometry::Gemm { block_k, pipe, .. } = *g {
+    if let Geometry::Gemm { block_k, bn, pipe, .. } = *g {
         if variant == Variant::Fused && !pipe.persistent() {
             return Some("the fused backward streams: it needs pipe: stream, ws, split, wgmma or split_wgmma".into());
         }
@@ -173,10 +173,8 @@ fn prune_reason(variant: Variant, cf: u32, g: &Geometry) -> Option<String> {
         if variant == Variant::Fused && pipe.wgmma() && g.rows() > 128 {
             return Some("the fused wgmma walks run one or two warpgroups of 64 rows: block_m 64 or 128".into());
         }
-        if let Geometry::Gemm { bn, .. } = *g {
-            if variant == Variant::Fused && pipe.wgmma() && bn != 64 {
-                return Some("the fused wgmma walks multiply 64-column tiles: bn 64".into());
-            }
+        if variant == Variant::Fused && pipe.wgmma() && bn != 64 {
+            return Some("the fused wgmma walks multiply 64-column tiles: bn 64".into());
         }
         let sub = super::layout::GLOG_SUB_ROWS;
         if variant == Variant::Fused && g.rows() > sub && !g.rows().is_multiple_of(sub) {
