@@ -1627,10 +1627,9 @@ __device__ __forceinline__ void gemm_x3(i64 E, int K, int N, const float* __rest
 // folded per chunk as x3::chunk folds them. Columns past N are zeros in the
 // panel and never stored. A block's column tile is BN wide, BN / 64
 // wgmma tiles of 64 (two at a time under one wait, wg::tile2; an odd one
-// or one past N alone, wg::tile) under one split of each A chunk: at
-// BN >= N every row's A is read once, not once per 64 columns (fwd_m1 at
-// 64 was bound by L2 throughput, 89.7% with DRAM at 64.5%: BENCH.md run
-// 138).
+// or one past N alone, wg::tile) under one split of each A chunk: at BN >= N every row's A is read once, not once per 64 columns
+// (fwd_m1 at 64 was bound by L2 throughput, 89.7% with DRAM at 64.5%:
+// BENCH.md run 138).
 
 template <int BM, int BN, int BK, int STAGES, typename S, typename AOp, typename Epi>
 __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __restrict__ B, AOp& a, Epi epi) {
@@ -1695,10 +1694,6 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[j][i] = 0.f;
   int panel_n = -1, ckt = 0, cst = 0;
-  const unsigned sbo = (K / 8) * 128;  // the panel's n-group stride
-  // Whether 64-column tile j of the block's column tile holds columns
-  // below N (tile 0 always does): the same for every thread of the block.
-  auto live = [&](int j) { return j == 0 || cw.n * BN + j * 64 < N; };
   for (i64 q = 0; q < nq; ++q) {
     if (ckt == 0 && cw.n != panel_n) {  // block-uniform: every warpgroup walks the same tiles
       __syncthreads();                  // every wgmma on the old panel has completed (waited below)
@@ -1710,18 +1705,20 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
     if (lq < nq) load_next();
     cp_async_commit();
     // Column tile j's core matrices start j * 64 * K halves into the panel
-    // (wg::at), its tail BN * K halves after its head; tiles past N are
-    // skipped (block-uniform). Two tiles at a time under one wait, the
-    // last alone where NT is odd or N ends inside the pair.
+    // (wg::at); tiles past N are skipped (block-uniform).
     const unsigned short* bh = panel + ckt * BK / 8 * 64;
     wg::SplitA<BK> sa;
     wg::split<BK, AK>(sa, ring + cst * SLOT, warp, lane);
+    // Two tiles at a time under one wait, the last alone where NT is odd
+    // or N ends inside the pair.
 #pragma unroll
     for (int j = 0; j < NT; j += 2) {
+      const unsigned sbo = (K / 8) * 128;
       const unsigned short* b0 = bh + j * 64 * K;
-      if (j + 1 < NT && live(j + 1)) {
-        wg::tile2<BK>(acc[j], acc[j + 1 < NT ? j + 1 : j], sa, b0, b0 + BN * K, b0 + 64 * K, b0 + (64 + BN) * K, sbo);
-      } else if (live(j)) {
+      const int j1 = j + 1 < NT ? j + 1 : j;
+      if (j + 1 < NT && cw.n * BN + (j + 1) * 64 < N) {
+        wg::tile2<BK>(acc[j], acc[j1], sa, b0, b0 + BN * K, b0 + 64 * K, b0 + (64 + BN) * K, sbo);
+      } else if (j == 0 || cw.n * BN + j * 64 < N) {
         wg::tile<BK>(acc[j], sa, b0, b0 + BN * K, sbo);
       }
     }
@@ -1734,8 +1731,8 @@ __device__ __forceinline__ void gemm_wg(i64 E, int K, int N, const float* __rest
       // 128 registers, the batch's order spills).
 #pragma unroll
       for (int jt = 0; jt < NT; ++jt) {
-        if (!live(jt)) break;
         const int n0 = cw.n * BN + jt * 64;
+        if (jt > 0 && n0 >= N) break;  // block-uniform
         float* c = acc[jt];
         if constexpr (SG == 1) {
 #pragma unroll
